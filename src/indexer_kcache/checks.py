@@ -1,0 +1,133 @@
+"""Argument checks shared by the store and the readers.
+
+Every failure raises ``TypeError`` (wrong type or dtype), ``ValueError`` (wrong shape,
+stride, device or value) or ``NotImplementedError`` (a combination no layout defines),
+naming the argument with what was expected and what was got. Checks run before any
+byte of the cache is touched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import layout
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+BACKENDS = (None, "triton", "reference")
+
+
+def fail_type(name: str, expected: str, got: object) -> None:
+    raise TypeError(f"{name}: expected {expected}, got {got}")
+
+
+def fail_value(name: str, expected: str, got: object) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def check_dtype(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        fail_type(name, "a torch.Tensor", type(t).__name__)
+    if t.dtype not in dtypes:
+        fail_type(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
+
+
+def check_index_vector(name: str, t: torch.Tensor) -> None:
+    """int32/int64, one dimension, unit stride (the kernels index it as a flat array)."""
+    check_dtype(name, t, INDEX_DTYPES)
+    if t.dim() != 1:
+        fail_value(name, "a 1-d tensor", f"shape {tuple(t.shape)}")
+    if t.numel() > 1 and t.stride(0) != 1:
+        fail_value(f"{name}.stride(0)", "1", t.stride(0))
+
+
+def check_same_device(reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.device != reference.device:
+            fail_value(f"{name}.device", f"{reference.device} (the device of {reference_name})",
+                       t.device)
+
+
+def check_flag(name: str, value: object, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, bool):
+        fail_type(name, "a bool" + (" or None" if allow_none else ""), type(value).__name__)
+
+
+def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
+    """uint8 [num_blocks, block_size, row_bytes] with rows packed and pages >= the payload."""
+    check_dtype("k_cache", k_cache, (torch.uint8,))
+    if k_cache.dim() != 3:
+        fail_value("k_cache", "a 3-d tensor [num_blocks, block_size, row_bytes]",
+                   f"shape {tuple(k_cache.shape)}")
+    num_blocks, block_size, row_bytes = k_cache.shape
+    expected_row = layout.cache_row_bytes(use_fp4_cache)
+    if row_bytes != expected_row:
+        fail_value("k_cache.shape[2]",
+                   f"{expected_row} bytes per row ({'MXFP4' if use_fp4_cache else 'FP8'})",
+                   row_bytes)
+    if block_size < 1:
+        fail_value("k_cache.shape[1] (block_size)", ">= 1", block_size)
+    if k_cache.stride(2) != 1 or (block_size > 1 and k_cache.stride(1) != row_bytes):
+        fail_value("k_cache.stride()", f"(page_stride, {row_bytes}, 1): rows packed inside a page",
+                   k_cache.stride())
+    if num_blocks > 1 and k_cache.stride(0) < block_size * row_bytes:
+        fail_value("k_cache.stride(0)", f">= block_size * row_bytes = {block_size * row_bytes}",
+                   k_cache.stride(0))
+
+
+def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
+                   mxfp4_n_per_tile: int, device: torch.device) -> tuple[int, int]:
+    """(layout code, tile N) for the arguments, after checking they define a layout."""
+    if not isinstance(mxfp4_n_per_tile, int) or isinstance(mxfp4_n_per_tile, bool):
+        fail_type("mxfp4_n_per_tile", "an int", type(mxfp4_n_per_tile).__name__)
+    check_flag("shuffle", shuffle, allow_none=True)
+    if shuffle is None:
+        shuffle = default_shuffle(device, block_size)
+    code = layout.choose_layout(use_fp4_cache, shuffle, block_size)
+    if code == layout.FP8_TILED and block_size % layout.TILE_TOKENS != 0:
+        fail_value("k_cache.shape[1] (block_size)",
+                   f"a multiple of {layout.TILE_TOKENS} for the tiled FP8 layout (shuffle=True)",
+                   block_size)
+    if code != layout.MXFP4_PRESHUFFLE:
+        return code, 0
+    if mxfp4_n_per_tile == 0:
+        raise NotImplementedError(
+            "mxfp4_n_per_tile: the MXFP4 shuffled (ROCm) layout needs the MQA-logits kernel's "
+            f"tile N, one of {layout.MXFP4_TILE_CHOICES}; got 0"
+        )
+    if mxfp4_n_per_tile not in layout.MXFP4_TILE_CHOICES or block_size % mxfp4_n_per_tile:
+        fail_value("mxfp4_n_per_tile",
+                   f"one of {layout.MXFP4_TILE_CHOICES} dividing block_size = {block_size}",
+                   mxfp4_n_per_tile)
+    return code, mxfp4_n_per_tile
+
+
+def default_shuffle(device: torch.device, block_size: int) -> bool:
+    """The ROCm tiled layout is the platform default on ROCm GPUs for block_size > 1."""
+    return device.type == "cuda" and torch.version.hip is not None and block_size > 1
+
+
+def default_mx_scales(device: torch.device) -> bool:
+    """Packed UE8M0 FP8 scales are the default on CUDA GPUs of compute capability 10.x."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 10
+
+
+def interpreter_enabled() -> bool:
+    """Whether the Triton kernels were built for the CPU interpreter (set at import time)."""
+    from .kernels import INTERPRETED
+
+    return INTERPRETED
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    if backend not in BACKENDS:
+        fail_value("backend", "None, 'triton' or 'reference'", repr(backend))
+    if backend is None:
+        return "triton" if device.type != "cpu" or interpreter_enabled() else "reference"
+    if backend == "triton" and device.type == "cpu" and not interpreter_enabled():
+        fail_value("backend", "'reference' for CPU tensors (or set TRITON_INTERPRET=1 before "
+                   "importing indexer_kcache to run the Triton kernels on the CPU)", "'triton'")
+    return backend

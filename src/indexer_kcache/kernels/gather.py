@@ -1,0 +1,76 @@
+"""Readers: gather stored rows back into token-major form, optionally dequantized.
+
+One program copies ``BLOCK_R`` rows. The slot of each row comes either from a slot
+vector or, for whole sequences (``BY_BLOCKS``), from a block table and ``cu_seq_lens``.
+Rows whose slot is out of range read nothing and come out as zeros.
+"""
+
+import triton
+import triton.language as tl
+
+from ..layout import scale_offset_tl, value_offset_tl
+from .numerics import e2m1_to_float, e4m3_to_float, ue8m0_to_float
+
+
+@triton.jit
+def gather_indexer_k_kernel(
+    cache_ptr, page_stride, num_slots,
+    slot_ptr, num_rows,
+    block_table_ptr, block_table_row_stride, block_table_cols, cu_seq_lens_ptr,
+    values_ptr, scales_ptr, dequant_ptr,
+    USE_FP4: tl.constexpr,
+    MX_SCALES: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    N_PER_TILE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BY_BLOCKS: tl.constexpr,
+    DEQUANTIZE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
+    if BY_BLOCKS:
+        # program (sequence b, chunk c): tokens c * BLOCK_R ... of sequence b.
+        seq = tl.program_id(0).to(tl.int64)
+        start = tl.load(cu_seq_lens_ptr + seq).to(tl.int64)
+        length = tl.load(cu_seq_lens_ptr + seq + 1).to(tl.int64) - start
+        i = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        live = i < length
+        column = i // BLOCK_SIZE
+        block = tl.load(block_table_ptr + seq * block_table_row_stride + column,
+                        mask=live & (column < block_table_cols), other=-1).to(tl.int64)
+        slot = tl.where(block >= 0, block * BLOCK_SIZE + i % BLOCK_SIZE, -1)
+        row = start + i
+    else:
+        row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        live = row < num_rows
+        slot = tl.load(slot_ptr + row, mask=live, other=-1).to(tl.int64)
+    readable = live & (slot >= 0) & (slot < num_slots)
+    page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
+    p = slot % BLOCK_SIZE
+
+    d = tl.arange(0, VALUE_BYTES)
+    i4 = tl.arange(0, 4)
+    value_at = value_offset_tl(p[:, None], d[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+    scale_at = scale_offset_tl(p[:, None], i4[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT,
+                               N_PER_TILE)
+    values = tl.load(page_ptr[:, None] + value_at, mask=readable[:, None], other=0)
+    scales = tl.load(page_ptr[:, None] + scale_at, mask=readable[:, None], other=0)
+    if DEQUANTIZE:
+        out = dequant_ptr + row[:, None] * 128
+        if USE_FP4:
+            lo = e2m1_to_float((values & 0xF).to(tl.int32))
+            hi = e2m1_to_float((values >> 4).to(tl.int32))
+            decoded = tl.reshape(tl.join(lo, hi), [BLOCK_R, 4, 32])
+            keys = tl.reshape(decoded * ue8m0_to_float(scales)[:, :, None], [BLOCK_R, 128])
+        else:
+            if MX_SCALES:  # four equal UE8M0 bytes: read the first
+                first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+                scale = ue8m0_to_float(tl.load(page_ptr + first, mask=readable, other=0))
+            else:  # little-endian fp32
+                word = tl.sum(scales.to(tl.uint32) << (8 * i4[None, :]).to(tl.uint32), axis=1)
+                scale = word.to(tl.float32, bitcast=True)
+            keys = e4m3_to_float(values) * scale[:, None]
+        tl.store(out + tl.arange(0, 128)[None, :], keys, mask=live[:, None])
+    else:
+        tl.store(values_ptr + row[:, None] * VALUE_BYTES + d[None, :], values, mask=live[:, None])
+        tl.store(scales_ptr + row[:, None] * 4 + i4[None, :], scales, mask=live[:, None])

@@ -1,0 +1,126 @@
+"""Triton helpers whose results are bit-exact on every backend, the CPU interpreter included.
+
+``EXACT_CASTS`` selects integer/compare implementations of the float conversions. The
+interpreter needs them (its bf16 cast truncates and its fp8 cast rounds ties away and
+drops carries); GPUs with native conversions may use those, which give the same bytes.
+"""
+
+import triton
+import triton.language as tl
+
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+FP8_AMAX_FLOOR: tl.constexpr = tl.constexpr(1e-4)
+MXFP4_MAX: tl.constexpr = tl.constexpr(6.0)
+MXFP4_AMAX_FLOOR: tl.constexpr = tl.constexpr(6.0 * 2.0**-126)
+# 1.5 * 2**23: adding it to a float in [0, 2**22) rounds that float to an integer (RNE)
+# and leaves the integer in the low mantissa bits.
+ROUND_MAGIC: tl.constexpr = tl.constexpr(12582912.0)
+ROUND_MAGIC_BITS: tl.constexpr = tl.constexpr(0x4B400000)
+
+
+@triton.jit
+def round_to_bf16(x, EXACT_CASTS: tl.constexpr):
+    """float32 -> nearest bf16 (ties to even), returned as float32."""
+    if EXACT_CASTS:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        y = bits.to(tl.float32, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16).to(tl.float32)
+    return y
+
+
+@triton.jit
+def ceil_log2(q):
+    """ceil(log2(q)) for positive normal float32 q, from its exponent and mantissa bits."""
+    bits = q.to(tl.int32, bitcast=True)
+    return ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+
+
+@triton.jit
+def pow2(e):
+    """2**e as float32 for int32 e in [-126, 127]."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def float_to_e4m3(v, EXACT_CASTS: tl.constexpr):
+    """float32 in [-448, 448] -> OCP e4m3fn byte, round to nearest even."""
+    if EXACT_CASTS:
+        bits = v.to(tl.uint32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        magnitude = bits & 0x7FFFFFFF
+        # Normal range (>= 2**-6): round the 23-bit mantissa to 3 bits; a carry steps the
+        # exponent, as it should. Rebias 127 -> 7.
+        rounded = magnitude + (0x7FFFF + ((magnitude >> 20) & 1))
+        normal = (rounded >> 20) - (120 << 3)
+        # Subnormal range: multiples of 2**-9, so round |v| * 512 to an integer (0..8;
+        # 8 is the smallest normal, 0x08).
+        sub = (tl.abs(v) * 512.0 + ROUND_MAGIC).to(tl.uint32, bitcast=True) - ROUND_MAGIC_BITS
+        code = tl.where(magnitude >= 0x3C800000, normal, sub)
+        byte = (code | sign).to(tl.uint8)
+    else:
+        byte = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return byte
+
+
+@triton.jit
+def e4m3_to_float(byte):
+    """OCP e4m3fn byte -> float32 (exact; 0x7F/0xFF are NaN)."""
+    b = byte.to(tl.int32)
+    exponent = (b >> 3) & 0xF
+    mantissa = b & 0x7
+    # Subnormals are mantissa * 2**-9; normals (8 + mantissa) * 2**(exponent - 10).
+    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125,
+                         (mantissa + 8).to(tl.float32) * pow2(exponent - 10))
+    magnitude = tl.where((b & 0x7F) == 0x7F, float("nan"), magnitude)
+    return tl.where(b >= 0x80, -magnitude, magnitude)
+
+
+@triton.jit
+def e2m1_code(x):
+    """Scaled float32 -> E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4, 6)."""
+    a = tl.abs(x)
+    index = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+             + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+             + (a > 5.0).to(tl.int32))
+    sign = (x.to(tl.int32, bitcast=True) < 0).to(tl.int32)
+    return (sign << 3) | index
+
+
+@triton.jit
+def e2m1_to_float(code):
+    """E2M1 code (0..15) -> float32. Magnitudes 0, .5, 1, 1.5 are index / 2; then 2, 3, 4, 6."""
+    index = code & 0x7
+    low = index.to(tl.float32) * 0.5
+    high = tl.where(index == 7, 6.0, tl.where(index == 6, 4.0, (index - 2).to(tl.float32)))
+    magnitude = tl.where(index < 4, low, high)
+    return tl.where(code >= 8, -magnitude, magnitude)
+
+
+@triton.jit
+def ue8m0_to_float(byte):
+    """UE8M0 byte -> 2**(byte - 127) as float32 (0 is 2**-127, 255 is NaN)."""
+    b = byte.to(tl.int32)
+    value = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
+    return tl.where(b == 255, float("nan"), value)
+
+
+@triton.jit
+def halve_pairs(x):
+    """[R, W] -> [R, W // 2]: x[:, 2j] + x[:, 2j + 1], one level of the fixed sum tree."""
+    R: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    a, b = tl.split(tl.reshape(x, [R, W // 2, 2]))
+    return a + b
+
+
+@triton.jit
+def pair_tree_sum32(x):
+    """[R, 32] -> [R]: the fixed adjacent-pairs tree, as ``reference.pair_tree_sum``."""
+    x = halve_pairs(x)
+    x = halve_pairs(x)
+    x = halve_pairs(x)
+    x = halve_pairs(x)
+    a, b = tl.split(x)
+    return a + b

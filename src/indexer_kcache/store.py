@@ -1,0 +1,232 @@
+"""``indexer_k_norm_rope_store``: the public store, its checks and its launcher."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import checks, layout, reference
+from .checks import fail_type, fail_value
+from .kernels import indexer_k_store_kernel
+
+K_PRE_DTYPES = (torch.bfloat16,)
+COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
+ROPE_DIM = 64
+
+
+class StorePlan:
+    """Everything about a call that does not change while its tensors' metadata doesn't."""
+
+    __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
+                 "compress_ratio", "block_size", "exact_casts")
+
+    def __init__(self, **fields):
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+def exact_casts_needed(device: torch.device) -> bool:
+    """Use the integer float conversions unless the GPU converts to fp8/bf16 natively.
+
+    Native e4m3 conversion exists on NVIDIA sm_89 and newer; elsewhere (the interpreter,
+    ROCm, older NVIDIA) the portable conversions are the ones known to be exact.
+    """
+    if device.type != "cuda" or torch.version.hip is not None:
+        return True
+    return torch.cuda.get_device_capability(device) < (8, 9)
+
+
+def plan_store(
+    k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
+    compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
+) -> StorePlan:
+    """Check every argument; return how to run the call. Raises before touching k_cache."""
+    checks.check_flag("use_fp4_cache", use_fp4_cache)
+    checks.check_flag("mx_scales", mx_scales, allow_none=True)
+    checks.check_flag("check_bounds", check_bounds)
+    checks.check_dtype("k_pre", k_pre, K_PRE_DTYPES)
+    if k_pre.dim() != 2 or k_pre.shape[1] != layout.HEAD_DIM:
+        fail_value("k_pre", f"shape [num_tokens, {layout.HEAD_DIM}]", f"shape {tuple(k_pre.shape)}")
+    if k_pre.stride(1) != 1:
+        fail_value("k_pre.stride(1)", "1", k_pre.stride(1))
+    checks.check_index_vector("positions", positions)
+    checks.check_dtype("cos_sin_cache", cos_sin_cache, COS_SIN_DTYPES)
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != ROPE_DIM:
+        fail_value("cos_sin_cache", f"shape [max_pos, {ROPE_DIM}] (32 cos then 32 sin)",
+                   f"shape {tuple(cos_sin_cache.shape)}")
+    if cos_sin_cache.stride(1) != 1:
+        fail_value("cos_sin_cache.stride(1)", "1", cos_sin_cache.stride(1))
+    checks.check_dtype("rms_norm_weight", rms_norm_weight, WEIGHT_DTYPES)
+    if rms_norm_weight.dim() != 1 or rms_norm_weight.shape[0] != layout.HEAD_DIM:
+        fail_value("rms_norm_weight", f"shape [{layout.HEAD_DIM}]",
+                   f"shape {tuple(rms_norm_weight.shape)}")
+    if rms_norm_weight.stride(0) != 1:
+        fail_value("rms_norm_weight.stride(0)", "1", rms_norm_weight.stride(0))
+    if not isinstance(rms_norm_eps, numbers.Real) or isinstance(rms_norm_eps, bool):
+        fail_type("rms_norm_eps", "a float", type(rms_norm_eps).__name__)
+    checks.check_k_cache(k_cache, use_fp4_cache)
+    checks.check_index_vector("kv_slot_mapping", kv_slot_mapping)
+    if not isinstance(compress_ratio, int) or isinstance(compress_ratio, bool):
+        fail_type("compress_ratio", "an int", type(compress_ratio).__name__)
+    if compress_ratio not in (1, 2):
+        fail_value("compress_ratio", "1 or 2", compress_ratio)
+    checks.check_same_device("k_cache", k_cache, k_pre=k_pre, positions=positions,
+                             cos_sin_cache=cos_sin_cache, rms_norm_weight=rms_norm_weight,
+                             kv_slot_mapping=kv_slot_mapping)
+    num_tokens = kv_slot_mapping.shape[0]
+    if k_pre.shape[0] < num_tokens:
+        fail_value("k_pre.shape[0]", f">= kv_slot_mapping.numel() = {num_tokens}", k_pre.shape[0])
+    if positions.shape[0] < num_tokens:
+        fail_value("positions.numel()", f">= kv_slot_mapping.numel() = {num_tokens}",
+                   positions.shape[0])
+    device = k_cache.device
+    block_size = k_cache.shape[1]
+    layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, shuffle, block_size,
+                                                    mxfp4_n_per_tile, device)
+    return StorePlan(
+        backend=checks.resolve_backend(backend, device),
+        use_fp4_cache=use_fp4_cache,
+        mx_scales=(checks.default_mx_scales(device) if mx_scales is None else mx_scales)
+        and not use_fp4_cache,
+        layout=layout_code,
+        n_per_tile=n_per_tile,
+        compress_ratio=compress_ratio,
+        block_size=block_size,
+        exact_casts=exact_casts_needed(device),
+    )
+
+
+def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio) -> None:
+    """Host-side (synchronising) check: IndexError naming the first bad token."""
+    num_tokens = kv_slot_mapping.shape[0]
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    max_pos = cos_sin_cache.shape[0]
+    slots = kv_slot_mapping.long()
+    pos = positions[:num_tokens].long()
+    group_pos = torch.div(pos, compress_ratio, rounding_mode="floor") * compress_ratio
+    boundary = (pos + 1) % compress_ratio == 0
+    bad_slot = (slots < -1) | (slots >= num_slots)
+    bad_pos = (slots >= 0) & boundary & ((pos < 0) | (group_pos >= max_pos))
+    bad = (bad_slot | bad_pos).nonzero()
+    if bad.numel():
+        t = int(bad[0, 0])
+        raise IndexError(
+            f"token {t}: slot {int(slots[t])} (valid: -1 or [0, {num_slots})), position "
+            f"{int(pos[t])} -> group position {int(group_pos[t])} (valid: [0, {max_pos}))"
+        )
+
+
+def store_settings(num_tokens: int, interpreted: bool) -> tuple[int, int]:
+    """(tokens per program, warps per program) for a launch; deterministic in its inputs."""
+    if interpreted:
+        return 16, 1  # the interpreter's cost is per program: fewer, larger programs
+    return 4, 4
+
+
+def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                 k_cache, kv_slot_mapping) -> None:
+    num_tokens = kv_slot_mapping.shape[0]
+    from .kernels import INTERPRETED
+
+    block_t, num_warps = store_settings(num_tokens, INTERPRETED)
+    grid = (triton_cdiv(num_tokens, block_t),)
+    extra = {} if INTERPRETED else {"enable_fp_fusion": False}
+    with torch.cuda.device(k_cache.device) if k_cache.is_cuda else _null():
+        indexer_k_store_kernel[grid](
+            k_pre, k_pre.stride(0),
+            positions,
+            cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
+            rms_norm_weight, float(rms_norm_eps),
+            k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
+            kv_slot_mapping, num_tokens,
+            COMPRESS_RATIO=plan.compress_ratio,
+            USE_FP4=plan.use_fp4_cache,
+            MX_SCALES=plan.mx_scales,
+            LAYOUT=plan.layout,
+            N_PER_TILE=plan.n_per_tile,
+            BLOCK_SIZE=plan.block_size,
+            BLOCK_T=block_t,
+            EXACT_CASTS=plan.exact_casts,
+            num_warps=num_warps,
+            **extra,
+        )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def store_impl(
+    k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
+    compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, mx_scales=None, shuffle=None,
+    backend=None, check_bounds=False,
+) -> None:
+    plan = plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                      kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile,
+                      mx_scales, shuffle, backend, check_bounds)
+    if check_bounds:
+        check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio)
+    if kv_slot_mapping.shape[0] == 0:
+        return
+    if plan.backend == "reference":
+        reference.store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                        kv_slot_mapping, compress_ratio, use_fp4_cache, mx_scales=plan.mx_scales,
+                        layout_code=plan.layout, n_per_tile=plan.n_per_tile)
+    else:
+        launch_store(plan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                     k_cache, kv_slot_mapping)
+
+
+def indexer_k_norm_rope_store(
+    k_pre: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    k_cache: torch.Tensor,
+    kv_slot_mapping: torch.Tensor,
+    compress_ratio: int,
+    use_fp4_cache: bool,
+    mxfp4_n_per_tile: int = 0,
+    *,
+    mx_scales: bool | None = None,
+    shuffle: bool | None = None,
+    backend: str | None = None,
+    check_bounds: bool = False,
+) -> None:
+    """RMS-norm -> RoPE -> quantize -> paged store of the indexer keys; mutates ``k_cache``.
+
+    The first nine arguments are those of vLLM's function of the same name. Token ``t <
+    kv_slot_mapping.numel()`` is written iff its slot is >= 0 and ``(positions[t] + 1) %
+    compress_ratio == 0``; slots or group positions out of range are skipped (or, with
+    ``check_bounds=True``, reported as ``IndexError`` by a synchronising host check).
+
+    Args:
+        mxfp4_n_per_tile: MFMA N (16, 32, 64) of the ROCm MXFP4 preshuffle layout.
+        mx_scales: FP8 scales as four UE8M0 bytes; ``None`` = true on CUDA cc 10.x.
+        shuffle: ROCm value layout; ``None`` = true on ROCm when ``block_size > 1``.
+        backend: ``"triton"``, ``"reference"`` or ``None`` (Triton on GPUs and under
+            ``TRITON_INTERPRET=1``, the torch reference otherwise).
+        check_bounds: raise ``IndexError`` for out-of-range slots or positions.
+    """
+    args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+            kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
+    try:
+        torch.ops.indexer_kcache.indexer_k_norm_rope_store(
+            *args, mx_scales=mx_scales, shuffle=shuffle, backend=backend,
+            check_bounds=check_bounds)
+    except RuntimeError:
+        # The op's schema rejects wrong argument types with a bare RuntimeError before
+        # anything runs; name the argument instead.
+        plan_store(*args, mx_scales, shuffle, backend, check_bounds)
+        raise

@@ -1,0 +1,34 @@
+"""Helpers for building caches."""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import cache_row_bytes
+
+
+def allocate_k_cache(
+    num_blocks: int,
+    block_size: int,
+    use_fp4_cache: bool,
+    device: torch.device | str = "cpu",
+    page_bytes: int | None = None,
+) -> torch.Tensor:
+    """A zeroed uint8 cache ``[num_blocks, block_size, row_bytes]``.
+
+    ``page_bytes`` (at least ``block_size * row_bytes``) pads every page: the result is
+    then a strided view into ``[num_blocks, page_bytes]`` storage whose padding the
+    store never touches.
+    """
+    row = cache_row_bytes(use_fp4_cache)
+    payload = block_size * row
+    if num_blocks < 0 or block_size < 1:
+        raise ValueError(f"num_blocks, block_size: expected >= 0 and >= 1, got {num_blocks}, "
+                         f"{block_size}")
+    if page_bytes is None:
+        page_bytes = payload
+    if page_bytes < payload:
+        raise ValueError(f"page_bytes: expected >= block_size * row_bytes = {payload}, got "
+                         f"{page_bytes}")
+    pages = torch.zeros((num_blocks, page_bytes), dtype=torch.uint8, device=device)
+    return pages.as_strided((num_blocks, block_size, row), (page_bytes, row, 1))
