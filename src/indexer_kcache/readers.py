@@ -11,6 +11,8 @@ is ever read outside the cache.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import checks, layout, reference
@@ -46,7 +48,7 @@ def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, bloc
                        device=device)
     if num_rows == 0:
         return keys if dequantize else (values, scales)
-    block_r = 16 if INTERPRETED else 32
+    block_r = 64 if INTERPRETED else 32
     by_blocks = block_table is not None
     if by_blocks:
         grid = (block_table.shape[0], -(-max_seq_len // block_r))
@@ -55,7 +57,7 @@ def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, bloc
     else:
         grid = (-(-num_rows // block_r),)
         table_args = (slots, 0, 0, slots)  # unused pointers
-    with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         gather_indexer_k_kernel[grid](
             k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
             slots, num_rows, *table_args, values, scales, keys,
@@ -82,14 +84,6 @@ class _named_errors:
             _plan(k_cache, use_fp4_cache, **kwargs)
             for name, t in index_tensors.items():
                 checks.check_dtype(name, t, checks.INDEX_DTYPES)
-        return False
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
         return False
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import torch
+from triton import knobs
 
 from . import checks, layout, reference
 from .checks import fail_type, fail_value
-from .kernels import indexer_k_store_kernel
+from .kernels import INTERPRETED, indexer_k_store_kernel
 
 K_PRE_DTYPES = (torch.bfloat16,)
 COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -20,9 +22,10 @@ class StorePlan:
     """Everything about a call that does not change while its tensors' metadata doesn't."""
 
     __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
-                 "compress_ratio", "block_size", "exact_casts")
+                 "compress_ratio", "block_size", "exact_casts", "launches")
 
     def __init__(self, **fields):
+        self.launches = {}  # specialization key -> compiled kernel (see launch_store)
         for name, value in fields.items():
             setattr(self, name, value)
 
@@ -121,49 +124,70 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
 def store_settings(num_tokens: int, interpreted: bool) -> tuple[int, int]:
     """(tokens per program, warps per program) for a launch; deterministic in its inputs."""
     if interpreted:
-        return 16, 1  # the interpreter's cost is per program: fewer, larger programs
+        return 64, 1  # the interpreter's cost is per program: fewer, larger programs
     return 4, 4
+
+
+def _int_kinds(*values: int) -> tuple[bool, ...]:
+    # Triton types an int argument as i32 or i64 by its value; a kernel compiled for one
+    # must not be launched with the other.
+    return tuple(v > 0x7FFFFFFF for v in values)
 
 
 def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
                  k_cache, kv_slot_mapping) -> None:
+    """Launch the kernel. After the first launch for a given specialization (the kernel's
+    compile-time view of pointer alignment and int widths), later ones go straight to the
+    compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
-    from .kernels import INTERPRETED
-
     block_t, num_warps = store_settings(num_tokens, INTERPRETED)
-    grid = (triton_cdiv(num_tokens, block_t),)
-    extra = {} if INTERPRETED else {"enable_fp_fusion": False}
-    with torch.cuda.device(k_cache.device) if k_cache.is_cuda else _null():
-        indexer_k_store_kernel[grid](
-            k_pre, k_pre.stride(0),
-            positions,
-            cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
-            rms_norm_weight, float(rms_norm_eps),
-            k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
-            kv_slot_mapping, num_tokens,
-            COMPRESS_RATIO=plan.compress_ratio,
-            USE_FP4=plan.use_fp4_cache,
-            MX_SCALES=plan.mx_scales,
-            LAYOUT=plan.layout,
-            N_PER_TILE=plan.n_per_tile,
-            BLOCK_SIZE=plan.block_size,
-            BLOCK_T=block_t,
-            EXACT_CASTS=plan.exact_casts,
-            num_warps=num_warps,
-            **extra,
-        )
+    grid = -(-num_tokens // block_t)
+    max_pos = cos_sin_cache.shape[0]
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    args = (
+        k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), max_pos,
+        rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), num_slots,
+        kv_slot_mapping, num_tokens,
+        plan.compress_ratio, plan.use_fp4_cache, plan.mx_scales, plan.layout, plan.n_per_tile,
+        plan.block_size, block_t, plan.exact_casts,
+    )
+    if INTERPRETED:
+        indexer_k_store_kernel[(grid,)](*args, num_warps=num_warps)
+        return
+    device = k_cache.device.index
+    key = (block_t, num_warps, device, *_int_kinds(max_pos, num_slots, num_tokens),
+           *(t.data_ptr() % 16 == 0 for t in (k_pre, positions, cos_sin_cache, rms_norm_weight,
+                                               k_cache, kv_slot_mapping)))
+    compiled = plan.launches.get(key)
+    switch = device != torch.cuda.current_device()
+    with torch.cuda.device(device) if switch else contextlib.nullcontext():
+        if compiled is None or knobs.runtime.launch_enter_hook is not None:
+            plan.launches[key] = indexer_k_store_kernel[(grid,)](
+                *args, num_warps=num_warps, enable_fp_fusion=False)
+        else:
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None,
+                         None, None, *args)
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+_PLANS: dict[tuple, StorePlan] = {}
+_MAX_PLANS = 4096
 
 
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+def _plan_key(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+              kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
+              shuffle, backend, check_bounds) -> tuple:
+    """Every property ``plan_store`` checks, except the sizes that depend on the token count."""
+    return (
+        k_pre.dtype, k_pre.shape[1:], k_pre.stride(), k_pre.device,
+        positions.dtype, positions.stride(), positions.device,
+        cos_sin_cache.dtype, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.device,
+        rms_norm_weight.dtype, rms_norm_weight.shape, rms_norm_weight.stride(),
+        rms_norm_weight.device, type(rms_norm_eps),
+        k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device,
+        kv_slot_mapping.dtype, kv_slot_mapping.stride(), kv_slot_mapping.device,
+        compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend,
+    )
 
 
 def store_impl(
@@ -171,9 +195,17 @@ def store_impl(
     compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, mx_scales=None, shuffle=None,
     backend=None, check_bounds=False,
 ) -> None:
-    plan = plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-                      kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile,
-                      mx_scales, shuffle, backend, check_bounds)
+    args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+            kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle,
+            backend, check_bounds)
+    key = _plan_key(*args)
+    plan = _PLANS.get(key)
+    num_tokens = kv_slot_mapping.shape[0]
+    if plan is None or k_pre.shape[0] < num_tokens or positions.shape[0] < num_tokens:
+        plan = plan_store(*args)  # raises on any bad argument
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
     if check_bounds:
         check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio)
     if kv_slot_mapping.shape[0] == 0:

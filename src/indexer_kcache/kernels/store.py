@@ -64,7 +64,8 @@ def _mxfp4_groups(x, y, EXACT_CASTS: tl.constexpr):
     return (x_codes | (y_codes << 4)).to(tl.uint8), e
 
 
-@triton.jit
+# Sizes are only compared against: specializing on their values would only add variants.
+@triton.jit(do_not_specialize=["max_pos", "num_slots", "num_tokens"])
 def indexer_k_store_kernel(
     k_pre_ptr, k_pre_row_stride,
     positions_ptr,

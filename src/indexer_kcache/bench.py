@@ -1,0 +1,373 @@
+"""Benchmarks: the store and the readers against the copy bandwidth, the launch floor and
+torch peers. ``python -m indexer_kcache bench --help``.
+
+GPU time per call is the median over CUDA-graph replays of a graph holding ``calls``
+calls, timed with CUDA events; eager time is wall time per call of a plain Python loop
+(host launch cost included). Minimal bytes count each input read once and each output
+written once: 16 B per token (position, slot) and, per written token, the 256 B key row,
+the 64 cos/sin values and the stored row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from . import layout, reference
+from .store import indexer_k_norm_rope_store
+
+FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+GPU_TOKENS = (1, 64, 512, 4096, 32768, 262144)
+CPU_TOKENS = (1, 64, 512)
+PEER_TOKENS = (512, 4096, 32768)
+READER_TOKENS = (32768, 262144)
+BLOCK_SIZE = 64
+
+
+@dataclass
+class Record:
+    impl: str
+    format: str
+    compress_ratio: int
+    tokens: int
+    graph_us: float | None
+    eager_us: float | None
+    bytes: int
+    op: str = "store"
+
+
+# ----------------------------------------------------------------------------- inputs
+def make_inputs(tokens: int, fmt: str, compress_ratio: int, device, seed: int = 0) -> dict:
+    """A realistic batch: random keys, consecutive positions from a random start (so that
+    ``compress_ratio`` 2 writes half the tokens), whole blocks in scrambled order."""
+    g = torch.Generator(device="cpu").manual_seed(seed + tokens)
+    fp4, _ = FORMATS[fmt]
+    num_blocks = -(-tokens // BLOCK_SIZE) + 8
+    max_pos = 2 * tokens + 4096
+    start = int(torch.randint(0, max_pos - tokens, (1,), generator=g))
+    blocks = torch.randperm(num_blocks, generator=g)
+    t = torch.arange(tokens)
+    angles = torch.rand(max_pos, 32, generator=g) * 6.3
+    return dict(
+        k_pre=(torch.randn(tokens, 128, generator=g) * 2).to(torch.bfloat16).to(device),
+        positions=(start + t).to(device),
+        cos_sin_cache=torch.cat([angles.cos(), angles.sin()], 1).to(device),
+        rms_norm_weight=(1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16).to(device),
+        rms_norm_eps=1e-6,
+        k_cache=torch.zeros(num_blocks, BLOCK_SIZE, layout.cache_row_bytes(fp4),
+                            dtype=torch.uint8, device=device),
+        kv_slot_mapping=(blocks[t // BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE).to(device),
+        compress_ratio=compress_ratio,
+        use_fp4_cache=fp4,
+    )
+
+
+def minimal_store_bytes(inputs: dict) -> int:
+    tokens = inputs["kv_slot_mapping"].numel()
+    pos = inputs["positions"][:tokens]
+    written = int(((pos + 1) % inputs["compress_ratio"] == 0).sum())
+    cs = inputs["cos_sin_cache"]
+    per_written = 256 + 64 * cs.element_size() + layout.cache_row_bytes(inputs["use_fp4_cache"])
+    return 16 * tokens + written * per_written
+
+
+def store_call(inputs: dict, mx_scales: bool, backend: str | None = None) -> Callable[[], None]:
+    args = [inputs[k] for k in ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight",
+                                "rms_norm_eps", "k_cache", "kv_slot_mapping", "compress_ratio",
+                                "use_fp4_cache")]
+    return lambda: indexer_k_norm_rope_store(*args, mx_scales=mx_scales, backend=backend)
+
+
+def torch_store_dense(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                      kv_slot_mapping, compress_ratio, use_fp4_cache, mx_scales=False):
+    """The reference's numerics without data-dependent shapes, so that torch.compile and CUDA
+    graphs can take it: every token is computed, skipped ones write back the old bytes.
+    (Benchmark peer only: assumes valid, distinct slots.)"""
+    num_blocks, block_size, _ = k_cache.shape
+    tokens = kv_slot_mapping.numel()
+    pos = positions[:tokens].long()
+    slots = kv_slot_mapping.long()
+    group_pos = torch.div(pos, compress_ratio, rounding_mode="floor") * compress_ratio
+    written = (slots >= 0) & ((pos + 1) % compress_ratio == 0)
+    k = reference.normalize_and_rope(k_pre[:tokens], group_pos.clamp(0, cos_sin_cache.shape[0] - 1),
+                                     cos_sin_cache, rms_norm_weight, rms_norm_eps)
+    if use_fp4_cache:
+        values, scales = reference.quantize_mxfp4(k)
+    else:
+        values, scales = reference.quantize_fp8(k, mx_scales)
+    value_at, scale_at = reference.token_byte_offsets(k_cache, slots.clamp_min(0), use_fp4_cache,
+                                                      layout.ROW_MAJOR, 0)
+    flat = reference.cache_bytes(k_cache)
+    flat[value_at] = torch.where(written[:, None], values, flat[value_at])
+    flat[scale_at] = torch.where(written[:, None], scales, flat[scale_at])
+
+
+# ----------------------------------------------------------------------------- timing
+def graph_time_us(fn: Callable[[], None], calls: int, replays: int = 7) -> float:
+    """Median GPU time per call over replays of one CUDA graph holding ``calls`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def eager_time_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
+    """Wall time per call of a plain loop; median of five loops."""
+    fn()
+    sync()
+    loops = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        loops.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(loops)
+
+
+def copy_bandwidth_GBps(num_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy: bytes read plus bytes written per second (median of 20)."""
+    src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(22):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * num_bytes / statistics.median(times[2:]) / 1e9
+
+
+def empty_launch_us(calls: int) -> tuple[float, float]:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _empty(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    x = torch.empty(1, device="cuda")
+    fn = lambda: _empty[(1,)](x, 1, BLOCK=16)
+    return graph_time_us(fn, calls), eager_time_us(fn, calls, torch.cuda.synchronize)
+
+
+# ----------------------------------------------------------------------------- sweeps
+def check_store_bytes(inputs: dict, mx_scales: bool) -> bool:
+    got = dict(inputs, k_cache=torch.full_like(inputs["k_cache"], 0xA5))
+    want = dict(inputs, k_cache=torch.full_like(inputs["k_cache"], 0xA5))
+    store_call(got, mx_scales)()
+    store_call(want, mx_scales, backend="reference")()
+    return torch.equal(got["k_cache"], want["k_cache"])
+
+
+def _progress(items, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, leave=False)
+    except ImportError:
+        return items
+
+
+def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int = 200,
+            peers: bool = True, readers: bool = True, peer_tokens=PEER_TOKENS) -> dict:
+    import triton
+
+    device = torch.device("cuda")
+    result = {
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_GBps": copy_bandwidth_GBps(),
+    }
+    result["empty_launch_graph_us"], result["empty_launch_eager_us"] = empty_launch_us(calls)
+    records, mismatches = [], []
+    cases = [(f, cr, t) for f in formats for cr in ratios for t in tokens]
+    for fmt, cr, t in _progress(cases, "store"):
+        inputs = make_inputs(t, fmt, cr, device)
+        mx = FORMATS[fmt][1]
+        if not check_store_bytes(inputs, mx):
+            mismatches.append(f"{fmt} cr{cr} {t}")
+        fn = store_call(inputs, mx)
+        records.append(Record("indexer_kcache", fmt, cr, t, graph_time_us(fn, calls),
+                              eager_time_us(fn, calls, torch.cuda.synchronize),
+                              minimal_store_bytes(inputs)))
+        del inputs, fn
+    if peers:
+        records += run_peers(device, formats, peer_tokens, calls)
+    if readers:
+        records += run_readers(device, calls)
+    result["records"] = [asdict(r) for r in records]
+    result["byte_mismatches"] = mismatches
+    return result
+
+
+def run_peers(device, formats, peer_tokens, calls) -> list[Record]:
+    records = []
+    for fmt in [f for f in ("fp8", "mxfp4") if f in formats]:
+        compiled = torch.compile(torch_store_dense, dynamic=True)
+        for t in _progress(peer_tokens, f"peers {fmt}"):
+            inputs = make_inputs(t, fmt, 1, device)
+            nbytes = minimal_store_bytes(inputs)
+            for impl, fn in (("torch-eager", torch_store_dense), ("torch-compile", compiled)):
+                call = lambda fn=fn: fn(**inputs)
+                call()
+                records.append(Record(impl, fmt, 1, t, graph_time_us(call, max(calls // 20, 5)),
+                                      eager_time_us(call, 20, torch.cuda.synchronize), nbytes))
+    return records
+
+
+def run_readers(device, calls) -> list[Record]:
+    from .readers import dequantize_indexer_k, gather_indexer_k
+
+    records = []
+    for fmt in ("fp8", "mxfp4"):
+        for t in READER_TOKENS:
+            inputs = make_inputs(t, fmt, 1, device)
+            store_call(inputs, False)()
+            cache, slots = inputs["k_cache"], inputs["kv_slot_mapping"]
+            fp4 = inputs["use_fp4_cache"]
+            row = layout.cache_row_bytes(fp4)
+            ops = (
+                ("gather", lambda: gather_indexer_k(cache, slots, fp4, check_bounds=False),
+                 t * (8 + 2 * row)),
+                ("dequantize", lambda: dequantize_indexer_k(cache, slots, fp4, mx_scales=False,
+                                                            check_bounds=False),
+                 t * (8 + row + 512)),
+            )
+            for op, fn, nbytes in ops:
+                records.append(Record("indexer_kcache", fmt, 1, t, graph_time_us(fn, 20),
+                                      eager_time_us(fn, 20, torch.cuda.synchronize), nbytes, op))
+    return records
+
+
+def run_cpu(tokens=CPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2)) -> dict:
+    """No GPU: a tiny sweep of the reference and of the kernel under the Triton interpreter."""
+    from .kernels import INTERPRETED
+
+    records = []
+    impls = [("reference", "reference")] + ([("triton-interpreter", "triton")] if INTERPRETED else [])
+    for fmt, cr, t in _progress([(f, cr, t) for f in formats for cr in ratios for t in tokens],
+                                "cpu"):
+        inputs = make_inputs(t, fmt, cr, "cpu")
+        for impl, backend in impls:
+            fn = store_call(inputs, FORMATS[fmt][1], backend)
+            records.append(Record(impl, fmt, cr, t, None, eager_time_us(fn, 3, lambda: None),
+                                  minimal_store_bytes(inputs)))
+    return {"gpu": None, "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "note": "CPU only: wall times, not GPU performance",
+            "records": [asdict(r) for r in records]}
+
+
+# ----------------------------------------------------------------------------- output
+def format_table(result: dict) -> str:
+    copy = result.get("copy_GBps")
+    lines = []
+    if result.get("gpu"):
+        lines.append(f"{result['gpu']}  torch {result['torch']}  triton {result['triton']}  "
+                     f"copy {copy:.0f} GB/s  empty launch {result['empty_launch_graph_us']:.2f} us "
+                     f"graph / {result['empty_launch_eager_us']:.2f} us eager")
+    else:
+        lines.append(f"CPU ONLY ({result['cpu']}), torch {result['torch']}: {result['note']}")
+    lines.append(f"{'op':10} {'impl':18} {'format':7} {'cr':>2} {'tokens':>7} {'graph us':>9} "
+                 f"{'eager us':>9} {'GB/s':>7} {'% copy':>7}")
+    for r in result["records"]:
+        t = r["graph_us"] if r["graph_us"] is not None else r["eager_us"]
+        gbps = r["bytes"] / t / 1e3 if t else 0.0
+        pct = f"{100 * gbps / copy:6.1f}%" if copy else "      -"
+        graph = f"{r['graph_us']:9.2f}" if r["graph_us"] is not None else "        -"
+        lines.append(f"{r['op']:10} {r['impl']:18} {r['format']:7} {r['compress_ratio']:>2} "
+                     f"{r['tokens']:>7} {graph} {r['eager_us']:9.2f} {gbps:7.0f} {pct}")
+    if result.get("byte_mismatches"):
+        lines.append("BYTES DIFFER FROM THE REFERENCE: " + ", ".join(result["byte_mismatches"]))
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    store = [r for r in result["records"] if r["op"] == "store" and r["graph_us"]]
+    if not store:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for (impl, fmt, cr) in sorted({(r["impl"], r["format"], r["compress_ratio"]) for r in store}):
+        rs = sorted((r for r in store if (r["impl"], r["format"], r["compress_ratio"]) ==
+                     (impl, fmt, cr)), key=lambda r: r["tokens"])
+        style = "-o" if impl == "indexer_kcache" else "--s"
+        ax.plot([r["tokens"] for r in rs], [r["graph_us"] for r in rs], style, ms=4,
+                label=f"{impl} {fmt} cr{cr}")
+    fp8 = sorted((r for r in store if r["impl"] == "indexer_kcache" and r["format"] == "fp8"
+                  and r["compress_ratio"] == 1), key=lambda r: r["tokens"])
+    ax.plot([r["tokens"] for r in fp8], [r["bytes"] / result["copy_GBps"] / 1e3 for r in fp8],
+            "k:", label="bandwidth floor (fp8 cr1 bytes / copy GB/s)")
+    ax.axhline(result["empty_launch_graph_us"], color="gray", ls="-.", label="empty launch (graph)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per call")
+    ax.set_ylabel("GPU time per call (us, CUDA-graph replay)")
+    ax.set_title(f"indexer K store on {result['gpu']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m indexer_kcache bench",
+                                     description="Benchmark the store and the readers.")
+    parser.add_argument("--out", default="bench-out", help="folder for the JSON and the PNG")
+    parser.add_argument("--tokens", type=int, nargs="*", help="token counts to sweep")
+    parser.add_argument("--formats", nargs="*", choices=sorted(FORMATS), default=list(FORMATS))
+    parser.add_argument("--calls", type=int, default=200, help="calls per CUDA graph")
+    parser.add_argument("--no-peers", action="store_true", help="skip torch eager / compile")
+    parser.add_argument("--no-readers", action="store_true", help="skip the readers")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if torch.cuda.is_available():
+        result = run_gpu(tuple(args.tokens or GPU_TOKENS), tuple(args.formats), calls=args.calls,
+                         peers=not args.no_peers, readers=not args.no_readers)
+        name = "gpu"
+    else:
+        result = run_cpu(tuple(args.tokens or CPU_TOKENS), tuple(args.formats))
+        name = "cpu"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    if result.get("gpu"):
+        plot(result, os.path.join(args.out, f"{name}.png"))
+    print(format_table(result))
+    return 1 if result.get("byte_mismatches") else 0

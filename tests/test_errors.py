@@ -1,0 +1,133 @@
+"""Bad arguments raise TypeError / ValueError / NotImplementedError naming the argument,
+before any byte of the cache changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import indexer_kcache as ik
+
+from .cases import DEVICE, make_case, pages
+
+ARG_NAMES = ["k_pre", "positions", "cos_sin_cache", "rms_norm_weight", "rms_norm_eps", "k_cache",
+             "kv_slot_mapping", "compress_ratio", "use_fp4_cache"]
+
+
+def _replace(args, **changes):
+    args = list(args)
+    for name, value in changes.items():
+        args[ARG_NAMES.index(name)] = value
+    return args
+
+
+def bad_calls():
+    """(id, exception, words the message must contain, function of (case, cache) -> call)."""
+    t = torch.tensor
+    return [
+        ("k_pre-dtype", TypeError, "k_pre",
+         lambda c, k: dict(k_pre=c.k_pre.float())),
+        ("k_pre-width", ValueError, "k_pre",
+         lambda c, k: dict(k_pre=torch.zeros(40, 64, dtype=torch.bfloat16, device=DEVICE))),
+        ("k_pre-stride1", ValueError, "k_pre.stride(1)",
+         lambda c, k: dict(k_pre=torch.zeros(128, 40, dtype=torch.bfloat16, device=DEVICE).t())),
+        ("k_pre-short", ValueError, "k_pre.shape[0]",
+         lambda c, k: dict(k_pre=c.k_pre[:3])),
+        ("k_pre-not-tensor", TypeError, "k_pre",
+         lambda c, k: dict(k_pre=[1.0] * 128)),
+        ("positions-dtype", TypeError, "positions",
+         lambda c, k: dict(positions=c.positions.float())),
+        ("positions-short", ValueError, "positions",
+         lambda c, k: dict(positions=c.positions[:3])),
+        ("positions-2d", ValueError, "positions",
+         lambda c, k: dict(positions=c.positions.view(1, -1))),
+        ("cos_sin-dtype", TypeError, "cos_sin_cache",
+         lambda c, k: dict(cos_sin_cache=c.cos_sin_cache.double())),
+        ("cos_sin-width", ValueError, "cos_sin_cache",
+         lambda c, k: dict(cos_sin_cache=torch.zeros(300, 128, device=DEVICE))),
+        ("weight-dtype", TypeError, "rms_norm_weight",
+         lambda c, k: dict(rms_norm_weight=c.weight.to(torch.int32))),
+        ("weight-shape", ValueError, "rms_norm_weight",
+         lambda c, k: dict(rms_norm_weight=torch.ones(64, device=DEVICE))),
+        ("eps-type", TypeError, "rms_norm_eps",
+         lambda c, k: dict(rms_norm_eps="1e-6")),
+        ("cache-dtype", TypeError, "k_cache",
+         lambda c, k: dict(k_cache=k.view(torch.int8))),
+        ("cache-2d", ValueError, "k_cache",
+         lambda c, k: dict(k_cache=k[0])),
+        ("cache-row-bytes", ValueError, "k_cache.shape[2]",
+         lambda c, k: dict(k_cache=k[:, :, :128])),
+        ("cache-fp4-row-bytes", ValueError, "k_cache.shape[2]",
+         lambda c, k: dict(use_fp4_cache=True)),
+        ("cache-row-stride", ValueError, "k_cache.stride",
+         lambda c, k: dict(k_cache=torch.zeros(4, 16 * 136, dtype=torch.uint8, device=DEVICE)
+                           .as_strided((4, 16, 132), (16 * 136, 136, 1)))),
+        ("cache-page-stride", ValueError, "k_cache.stride(0)",
+         lambda c, k: dict(k_cache=k.as_strided(k.shape, (100, 132, 1)))),
+        ("slots-dtype", TypeError, "kv_slot_mapping",
+         lambda c, k: dict(kv_slot_mapping=c.slots.float())),
+        ("slots-stride", ValueError, "kv_slot_mapping.stride(0)",
+         lambda c, k: dict(kv_slot_mapping=torch.zeros(20, dtype=torch.int64,
+                                                       device=DEVICE)[::2])),
+        ("ratio-3", ValueError, "compress_ratio",
+         lambda c, k: dict(compress_ratio=3)),
+        ("ratio-type", TypeError, "compress_ratio",
+         lambda c, k: dict(compress_ratio=1.0)),
+        ("fp4-type", TypeError, "use_fp4_cache",
+         lambda c, k: dict(use_fp4_cache="yes")),
+        ("device-mismatch", ValueError, "device",
+         lambda c, k: dict(kv_slot_mapping=t([0, 1], device="meta"))),
+    ]
+
+
+@pytest.mark.parametrize("name, error, words, change", bad_calls(), ids=[b[0] for b in bad_calls()])
+def test_bad_argument_raises_before_writing(name, error, words, change):
+    case = make_case(8, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
+    cache = case.new_cache()
+    before = pages(cache).clone()
+    args = _replace(case.args(cache), **change(case, cache))
+    with pytest.raises(error) as info:
+        ik.indexer_k_norm_rope_store(*args)
+    assert words in str(info.value)
+    assert "expected" in str(info.value) and "got" in str(info.value)
+    assert torch.equal(pages(cache), before)
+
+
+def layout_errors():
+    return [
+        ("tiled-block-size", False, 24, dict(shuffle=True), ValueError, "block_size"),
+        ("mxfp4-shuffle-no-tile", True, 64, dict(shuffle=True), NotImplementedError,
+         "mxfp4_n_per_tile"),
+        ("mxfp4-tile-not-dividing", True, 48, dict(shuffle=True, n=32), ValueError,
+         "mxfp4_n_per_tile"),
+        ("mxfp4-tile-not-a-choice", True, 64, dict(shuffle=True, n=8), ValueError,
+         "mxfp4_n_per_tile"),
+        ("backend-name", False, 16, dict(backend="cuda"), ValueError, "backend"),
+        ("shuffle-type", False, 16, dict(shuffle="yes"), TypeError, "shuffle"),
+        ("mx-scales-type", False, 16, dict(mx_scales="no"), TypeError, "mx_scales"),
+    ]
+
+
+@pytest.mark.parametrize("name, fp4, block_size, options, error, words", layout_errors(),
+                         ids=[e[0] for e in layout_errors()])
+def test_bad_layout_options(name, fp4, block_size, options, error, words):
+    case = make_case(8, use_fp4_cache=fp4, block_size=block_size, num_blocks=2, skip_every=0)
+    cache = case.new_cache()
+    before = pages(cache).clone()
+    n = options.pop("n", 0)
+    with pytest.raises(error) as info:
+        ik.indexer_k_norm_rope_store(*case.args(cache), n, **options)
+    assert words in str(info.value)
+    assert torch.equal(pages(cache), before)
+
+
+def test_no_asserts_for_validation():
+    """Validation must survive ``python -O``: no assert statement in the package."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(ik.__file__).parent
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+        assert not asserts, f"{path.name}: assert at lines {asserts}"

@@ -1,0 +1,103 @@
+"""The kernels' exact conversions, element-wise, against torch's (correct) ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from indexer_kcache.kernels import numerics
+
+from .cases import DEVICE
+
+
+@triton.jit
+def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0)
+    if OP == 0:
+        y = numerics.round_to_bf16(x, EXACT)
+    elif OP == 1:
+        y = numerics.float_to_e4m3(x, EXACT)
+    elif OP == 2:
+        y = numerics.e4m3_to_float(x)
+    elif OP == 3:
+        y = numerics.e2m1_code(x)
+    elif OP == 4:
+        y = numerics.ceil_log2(x)
+    else:
+        y = numerics.e2m1_to_float(x)
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
+def apply(op: int, x: torch.Tensor, out_dtype: torch.dtype, exact: bool = True) -> torch.Tensor:
+    x = x.to(DEVICE)
+    out = torch.empty(x.shape, dtype=out_dtype, device=DEVICE)
+    block = 1024
+    _apply[(triton.cdiv(x.numel(), block),)](x, out, x.numel(), OP=op, EXACT=exact, BLOCK=block)
+    return out.cpu()
+
+
+def exact_modes():
+    # The native conversions exist only on GPUs with fp8 support; the interpreter's are wrong.
+    if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
+        return [True, False]
+    return [True]
+
+
+def random_floats(n: int, lo_exp: int, hi_exp: int) -> torch.Tensor:
+    mantissa = torch.rand(n) + 1
+    exponent = torch.randint(lo_exp, hi_exp, (n,)).float()
+    sign = torch.where(torch.rand(n) < 0.5, -1.0, 1.0)
+    return sign * mantissa * torch.exp2(exponent)
+
+
+@pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
+def test_bf16_rounding_ties_and_random(exact):
+    bits = torch.randint(0, 2**31 - 2**24, (4096,), dtype=torch.int64).to(torch.int32)
+    ties = (bits & ~0xFFFF) | 0x8000
+    x = torch.cat([bits.view(torch.float32), ties.view(torch.float32), -ties.view(torch.float32)])
+    assert torch.equal(apply(0, x, torch.float32, exact), x.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
+def test_e4m3_encoding_is_round_to_nearest_even(exact):
+    grid = torch.arange(0, 256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[grid.isfinite() & (grid.abs() <= 448)]
+    midpoints = (grid.sort().values[1:] + grid.sort().values[:-1]) / 2  # exact ties
+    x = torch.cat([grid, midpoints, random_floats(8192, -12, 9).clamp(-448, 448),
+                   torch.tensor([136.0, 7.9375, 31.5, 2.0**-10, 3 * 2.0**-11, 1e-30, -0.0])])
+    want = x.to(torch.float8_e4m3fn).view(torch.uint8)
+    got = apply(1, x, torch.uint8, exact)
+    zero = want & 0x7F == 0
+    assert torch.equal(got[~zero], want[~zero])
+    assert (got[zero] & 0x7F == 0).all()
+
+
+def test_e4m3_decoding_every_code():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    want = codes.view(torch.float8_e4m3fn).float()
+    got = apply(2, codes, torch.float32)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+def test_e2m1_thresholds():
+    x = torch.tensor([0, 0.25, 0.2500001, 0.75, 0.7499999, 1.25, 1.2500001, 1.75, 1.7499999,
+                      2.5, 2.5000002, 3.5, 3.4999998, 5.0, 5.0000005, 6.0, 100.0])
+    want = torch.tensor([0, 0, 1, 2, 1, 2, 3, 4, 3, 4, 5, 6, 5, 6, 7, 7, 7], dtype=torch.int32)
+    assert torch.equal(apply(3, x, torch.int32), want)
+    assert torch.equal(apply(3, -x[1:], torch.int32), want[1:] | 8)
+
+
+def test_e2m1_decoding_every_code():
+    want = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    assert torch.equal(apply(5, torch.arange(16, dtype=torch.int32), torch.float32), want)
+
+
+def test_ceil_log2_from_bits():
+    x = torch.cat([torch.exp2(torch.arange(-126.0, 127.0)), random_floats(4096, -126, 127).abs()])
+    want = torch.ceil(torch.log2(x.double())).int()
+    assert torch.equal(apply(4, x, torch.int32), want)

@@ -1,0 +1,130 @@
+"""Readers: the exact inverse of every layout, in both backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import indexer_kcache as ik
+from indexer_kcache import reference
+
+from .cases import DEVICE, make_case, pages
+from .test_store import FORMAT_LAYOUTS, FORMATS, LAYOUTS
+
+BACKENDS = ["reference", "triton"]
+
+
+def written_case(fmt, layout_name, num_tokens=40, block_size=64, num_blocks=2, seed=None):
+    """A cache written by the store, plus the reference quantizer's bytes of every slot."""
+    fp4, mx = FORMATS[fmt]
+    shuffle, n = LAYOUTS[fmt][layout_name]
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    case = make_case(num_tokens, use_fp4_cache=fp4, block_size=block_size, num_blocks=num_blocks,
+                     skip_every=0, compress_ratio=1, generator=gen)
+    cache = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(cache), n, mx_scales=mx, shuffle=shuffle)
+    keys = reference.normalize_and_rope(case.k_pre[:num_tokens].float(),
+                                        case.positions[:num_tokens].long(), case.cos_sin_cache,
+                                        case.weight, case.eps)
+    values, scales = reference.quantize_mxfp4(keys) if fp4 else reference.quantize_fp8(keys, mx)
+    options = dict(shuffle=shuffle, mxfp4_n_per_tile=n)
+    return case, cache, values, scales, options
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
+def test_gather_returns_the_stored_bytes(fmt, layout_name, backend):
+    case, cache, values, scales, options = written_case(fmt, layout_name)
+    order = torch.randperm(case.slots.numel())
+    order = torch.cat([order, order[:5]])  # any order, repeats allowed
+    slots = case.slots[order.to(case.slots.device)]
+    got_values, got_scales = ik.gather_indexer_k(cache, slots, case.use_fp4_cache, backend=backend,
+                                                 **options)
+    assert got_values.is_contiguous() and got_scales.is_contiguous()
+    assert torch.equal(got_values, values[order.to(values.device)])
+    assert torch.equal(got_scales, scales[order.to(scales.device)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
+def test_dequantize_equals_decoded_reference(fmt, layout_name, backend):
+    case, cache, values, scales, options = written_case(fmt, layout_name)
+    mx = FORMATS[fmt][1]
+    got = ik.dequantize_indexer_k(cache, case.slots, case.use_fp4_cache, mx_scales=mx,
+                                  backend=backend, **options)
+    want = reference.dequantize(values, scales, case.use_fp4_cache, mx)
+    assert got.dtype == torch.float32 and got.shape == (case.slots.numel(), 128)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
+def test_gather_by_blocks_follows_the_block_table(fmt, layout_name, backend, index_dtype):
+    block_size, num_blocks = 64, 5
+    case, cache, *_ , options = written_case(fmt, layout_name, num_tokens=300,
+                                            block_size=block_size, num_blocks=num_blocks)
+    lengths = [37, 0, 64, 190]
+    table = torch.stack([torch.randperm(num_blocks)[:4] for _ in lengths]).to(index_dtype)
+    cu = torch.tensor([0] + lengths).cumsum(0).to(index_dtype)
+    got = ik.gather_indexer_k_by_blocks(cache, table.to(DEVICE), cu.to(DEVICE),
+                                        case.use_fp4_cache, backend=backend, **options)
+    slots = torch.cat([table[b, torch.arange(n) // block_size].long() * block_size
+                       + torch.arange(n) % block_size for b, n in enumerate(lengths)])
+    want = ik.gather_indexer_k(cache, slots.to(DEVICE), case.use_fp4_cache, backend="reference",
+                               **options)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_slots_raise_index_error(backend):
+    case, cache, *_ = written_case("fp8", "row-major", num_tokens=8, block_size=16, num_blocks=1)
+    for bad in (16, -1):
+        slots = torch.tensor([0, 3, bad], device=DEVICE)
+        with pytest.raises(IndexError, match=r"\[2\]"):
+            ik.gather_indexer_k(cache, slots, False, backend=backend)
+        with pytest.raises(IndexError):
+            ik.dequantize_indexer_k(cache, slots, False, backend=backend)
+    table = torch.tensor([[0, 5]], device=DEVICE)
+    with pytest.raises(IndexError):
+        ik.gather_indexer_k_by_blocks(cache, table, torch.tensor([0, 20], device=DEVICE), False,
+                                      backend=backend)
+
+
+def test_unchecked_out_of_range_rows_are_zero():
+    case, cache, values, scales, _ = written_case("fp8", "row-major", num_tokens=8, block_size=16,
+                                                  num_blocks=1)
+    slots = torch.tensor([case.slots[0].item(), 16, -5, 10**9], device=DEVICE)
+    got_values, got_scales = ik.gather_indexer_k(cache, slots, False, backend="triton",
+                                                 check_bounds=False)
+    assert torch.equal(got_values[0], values[0]) and (got_values[1:] == 0).all()
+    assert (got_scales[1:] == 0).all()
+
+
+def test_reader_argument_errors():
+    case, cache, *_ = written_case("fp8", "row-major", num_tokens=8, block_size=16, num_blocks=1)
+    with pytest.raises(TypeError, match="slots"):
+        ik.gather_indexer_k(cache, case.slots.float(), False)
+    with pytest.raises(ValueError, match="k_cache.shape"):
+        ik.gather_indexer_k(cache, case.slots, True)
+    with pytest.raises(ValueError, match="cu_seq_lens"):
+        ik.gather_indexer_k_by_blocks(cache, torch.zeros(2, 3, dtype=torch.int32, device=DEVICE),
+                                      torch.zeros(2, dtype=torch.int32, device=DEVICE), False)
+    with pytest.raises(TypeError, match="mx_scales"):
+        ik.dequantize_indexer_k(cache, case.slots, False, mx_scales="yes")
+    before = pages(cache).clone()
+    ik.dequantize_indexer_k(cache, case.slots, False)
+    assert torch.equal(pages(cache), before)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fmt_layout=st.sampled_from([(f, n) for f in FORMATS for n in LAYOUTS[f]]),
+       seed=st.integers(0, 2**31 - 1), num_tokens=st.integers(1, 60))
+def test_random_store_then_read(fmt_layout, seed, num_tokens):
+    fmt, layout_name = fmt_layout
+    case, cache, values, scales, options = written_case(fmt, layout_name, num_tokens=num_tokens,
+                                                        seed=seed)
+    got = ik.gather_indexer_k(cache, case.slots, case.use_fp4_cache, backend="triton", **options)
+    assert torch.equal(got[0], values) and torch.equal(got[1], scales)

@@ -1,0 +1,180 @@
+"""The store: Triton kernel == torch reference == independent oracle, byte for byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import indexer_kcache as ik
+from indexer_kcache import reference
+
+from . import oracle
+from .cases import SENTINEL, make_case, pages
+
+# (format, mx_scales) and the layouts each format has: (shuffle, mxfp4_n_per_tile).
+FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+LAYOUTS = {
+    "fp8": {"row-major": (False, 0), "tiled": (True, 0)},
+    "fp8-mx": {"row-major": (False, 0), "tiled": (True, 0)},
+    "mxfp4": {"row-major": (False, 0), "preshuffle16": (True, 16), "preshuffle32": (True, 32),
+              "preshuffle64": (True, 64)},
+}
+FORMAT_LAYOUTS = [pytest.param(f, name, id=f"{f}-{name}") for f in FORMATS for name in LAYOUTS[f]]
+# (cos_sin dtype, index dtype, weight dtype): every dtype appears, in a few combinations.
+DTYPES = [
+    pytest.param(torch.float32, torch.int64, torch.bfloat16, id="cs_fp32-i64-w_bf16"),
+    pytest.param(torch.bfloat16, torch.int32, torch.float32, id="cs_bf16-i32-w_fp32"),
+    pytest.param(torch.float16, torch.int64, torch.float32, id="cs_fp16-i64-w_fp32"),
+    pytest.param(torch.float16, torch.int32, torch.bfloat16, id="cs_fp16-i32-w_bf16"),
+]
+
+
+def run_store(case, backend, *, mx_scales=False, shuffle=False, n=0, cache=None, **kw):
+    cache = case.new_cache() if cache is None else cache
+    ik.indexer_k_norm_rope_store(*case.args(cache), n, mx_scales=mx_scales, shuffle=shuffle,
+                                 backend=backend, **kw)
+    return cache
+
+
+def oracle_pages(case, *, mx_scales=False, shuffle=False, n=0) -> np.ndarray:
+    flat = np.full(case.num_blocks * case.page_bytes, SENTINEL, dtype=np.uint8)
+    oracle.store(flat, case.page_bytes, case.block_size, case.k_pre.float().cpu().numpy(),
+                 case.positions.cpu().numpy(), case.cos_sin_cache.float().cpu().numpy(),
+                 case.weight.float().cpu().numpy(), case.eps, case.slots.cpu().numpy(),
+                 case.compress_ratio, case.use_fp4_cache, mx_scales, shuffle, n)
+    return flat.reshape(case.num_blocks, case.page_bytes)
+
+
+def assert_same_bytes(got: torch.Tensor, want, what: str) -> None:
+    got = pages(got).cpu().numpy() if isinstance(got, torch.Tensor) and got.dim() == 3 else got
+    want = pages(want).cpu().numpy() if isinstance(want, torch.Tensor) else want
+    diff = np.argwhere(got != want)
+    assert diff.size == 0, (f"{what}: {len(diff)} bytes differ, first at page/byte "
+                            f"{tuple(diff[0])}: got {got[tuple(diff[0])]:#x}, want "
+                            f"{want[tuple(diff[0])]:#x}")
+
+
+@pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
+@pytest.mark.parametrize("cs_dtype, index_dtype, weight_dtype", DTYPES)
+def test_kernel_matches_reference(fmt, layout_name, compress_ratio, cs_dtype, index_dtype,
+                                  weight_dtype):
+    fp4, mx = FORMATS[fmt]
+    shuffle, n = LAYOUTS[fmt][layout_name]
+    case = make_case(33, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=64,
+                     num_blocks=3, cos_sin_dtype=cs_dtype, index_dtype=index_dtype,
+                     weight_dtype=weight_dtype)
+    want = run_store(case, "reference", mx_scales=mx, shuffle=shuffle, n=n)
+    got = run_store(case, "triton", mx_scales=mx, shuffle=shuffle, n=n)
+    assert_same_bytes(got, want, "triton vs reference")
+    assert (pages(want) != SENTINEL).any(), "nothing was written"
+    assert (pages(want)[:, -case.page_bytes + case.block_size * ik.cache_row_bytes(fp4):]
+            == SENTINEL).all(), "page padding was touched"
+
+
+@pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
+def test_reference_matches_oracle(fmt, layout_name, compress_ratio):
+    fp4, mx = FORMATS[fmt]
+    shuffle, n = LAYOUTS[fmt][layout_name]
+    case = make_case(12, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=64,
+                     num_blocks=2, cos_sin_dtype=torch.float32)
+    want = oracle_pages(case, mx_scales=mx, shuffle=shuffle, n=n)
+    got = run_store(case, "reference", mx_scales=mx, shuffle=shuffle, n=n)
+    assert_same_bytes(got, want, "reference vs oracle")
+
+
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
+def test_extreme_values_match_oracle(fp4):
+    """Zeros, signed zeros, tiny and huge values, over 16 binades (exact ties and carries
+    of each conversion are covered by test_numerics)."""
+    case = make_case(16, use_fp4_cache=fp4, block_size=16, num_blocks=1, skip_every=0)
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 136.0, 7.9375, 31.5, 0.0, -0.0,
+                          448.0, 1e-30, -3.0, 6.0], dtype=torch.float32)
+    k = edges.repeat(8)[torch.randperm(128)].view(1, 128) * torch.exp2(torch.arange(16.0))[:, None]
+    case.k_pre[:16] = k.to(torch.bfloat16).to(case.k_pre.device)
+    case.weight.fill_(1.0)
+    want = oracle_pages(case)
+    for backend in ("reference", "triton"):
+        assert_same_bytes(run_store(case, backend), want, f"{backend} vs oracle")
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_out_of_range_slots_and_positions_write_nothing(backend):
+    case = make_case(24, block_size=16, num_blocks=2, compress_ratio=1, skip_every=0)
+    num_slots, max_pos = 32, case.cos_sin_cache.shape[0]
+    bad = torch.tensor([0, 3, 5, 8, 13, 21], device=case.slots.device)
+    case.slots[bad[:2]] = torch.tensor([num_slots, 10**12], dtype=case.slots.dtype,
+                                       device=case.slots.device)
+    case.slots[bad[2]] = -7
+    case.positions[bad[3:]] = torch.tensor([-1, max_pos, 2**40], dtype=case.positions.dtype,
+                                           device=case.positions.device)
+    got = run_store(case, backend)
+    # The same call with those tokens skipped explicitly.
+    case.slots[bad] = -1
+    want = run_store(case, "reference")
+    assert_same_bytes(got, want, "out-of-range tokens")
+
+
+def test_check_bounds_names_the_first_bad_token():
+    case = make_case(10, block_size=16, num_blocks=1, skip_every=0, compress_ratio=1)
+    case.slots[6] = 16
+    cache = case.new_cache()
+    before = pages(cache).clone()
+    with pytest.raises(IndexError, match="token 6"):
+        ik.indexer_k_norm_rope_store(*case.args(cache), check_bounds=True)
+    assert torch.equal(pages(cache), before)
+    case.slots[6] = 1
+    case.positions[4] = case.cos_sin_cache.shape[0]
+    with pytest.raises(IndexError, match="token 4"):
+        ik.indexer_k_norm_rope_store(*case.args(cache), check_bounds=True)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_zero_tokens_changes_nothing(backend):
+    case = make_case(5)
+    case.slots = case.slots[:0]
+    cache = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(cache), backend=backend)
+    assert (pages(cache) == SENTINEL).all()
+
+
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
+def test_dequantized_keys_are_close_to_the_keys(fp4):
+    case = make_case(20, use_fp4_cache=fp4, skip_every=0, compress_ratio=1)
+    cache = run_store(case, None)
+    keys = reference.normalize_and_rope(case.k_pre[:20].float(), case.positions[:20].long(),
+                                        case.cos_sin_cache, case.weight, case.eps)
+    got = ik.dequantize_indexer_k(cache, case.slots, fp4, mx_scales=False)
+    rel = (got - keys).norm() / keys.norm()
+    assert rel < (0.2 if fp4 else 0.04), rel  # E2M1 keeps 1 mantissa bit
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    num_tokens=st.integers(1, 40),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    compress_ratio=st.sampled_from([1, 2]),
+    block_size=st.sampled_from([1, 2, 5, 16, 32, 64, 128, 256]),
+    shuffle=st.booleans(),
+    n=st.sampled_from([16, 32, 64]),
+    extra_pages=st.integers(0, 2),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_cases(num_tokens, fmt, compress_ratio, block_size, shuffle, n, extra_pages, seed):
+    fp4, mx = FORMATS[fmt]
+    if shuffle and not fp4 and block_size % 16:
+        block_size = 16
+    if shuffle and fp4 and block_size > 1 and block_size % n:
+        n = 16 if block_size % 16 == 0 else 0
+        shuffle = n != 0
+    num_blocks = -(-num_tokens // block_size) + extra_pages
+    case = make_case(num_tokens, use_fp4_cache=fp4, compress_ratio=compress_ratio,
+                     block_size=block_size, num_blocks=max(num_blocks, 1),
+                     generator=torch.Generator().manual_seed(seed))
+    want = run_store(case, "reference", mx_scales=mx, shuffle=shuffle, n=n)
+    got = run_store(case, "triton", mx_scales=mx, shuffle=shuffle, n=n)
+    assert_same_bytes(got, want, "triton vs reference")
