@@ -1,9 +1,10 @@
-"""Launch-setting sweep for the store: (tokens per program, warps) x sizes, graph-timed.
+"""Launch-setting sweep for the store, graph-timed on a GPU:
 
-    python benchmarks/tune_store.py [--tokens ...] [--formats ...]
+    python benchmarks/tune_store.py [--formats fp8 mxfp4] [--calls 50]
 
-Prints GPU us per call for every setting, then the best per size. Used to choose
-``store.store_settings``; the bytes are checked against the reference for each setting.
+For each size, every (tokens per program, warps, eager loads) candidate of that size
+class; prints the best few, then the native-vs-portable conversion comparison. The
+bytes are checked against the reference for every setting ('!' marks a mismatch).
 """
 
 from __future__ import annotations
@@ -13,38 +14,56 @@ import itertools
 
 from indexer_kcache import bench, store
 
+CANDIDATES = {
+    1: list(itertools.product([1, 2, 4, 8], [1, 2], [True, False])),
+    512: list(itertools.product([1, 2, 4, 8], [1, 2], [True, False])),
+    4096: list(itertools.product([4, 8, 16, 32], [1, 2, 4], [False, True])),
+    32768: list(itertools.product([8, 16, 32, 64], [1, 2, 4, 8], [False])),
+    262144: list(itertools.product([8, 16, 32, 64], [1, 2, 4, 8], [False])),
+}
+
+
+def timed(inputs, fmt, calls, setting):
+    store.store_settings = lambda n, i: setting
+    ok = bench.check_store_bytes(inputs, bench.FORMATS[fmt][1])
+    return bench.graph_time_us(bench.store_call(inputs, bench.FORMATS[fmt][1]), calls), ok
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, nargs="*", default=[1, 64, 512, 4096, 32768, 262144])
     parser.add_argument("--formats", nargs="*", default=["fp8", "mxfp4"])
-    parser.add_argument("--block-t", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument("--warps", type=int, nargs="*", default=[1, 2, 4, 8])
+    parser.add_argument("--ratios", type=int, nargs="*", default=[1])
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
     original = store.store_settings
     copy = bench.copy_bandwidth_GBps()
     print(f"copy {copy:.0f} GB/s")
-    best = {}
-    for fmt, cr, t in itertools.product(args.formats, (1, 2), args.tokens):
+    for fmt, cr, (t, candidates) in itertools.product(args.formats, args.ratios,
+                                                      CANDIDATES.items()):
         inputs = bench.make_inputs(t, fmt, cr, "cuda")
         nbytes = bench.minimal_store_bytes(inputs)
         row = []
-        for bt, nw in itertools.product(args.block_t, args.warps):
-            store.store_settings = lambda n, i, bt=bt, nw=nw: (bt, nw)
+        for setting in candidates:
             try:
-                ok = bench.check_store_bytes(inputs, bench.FORMATS[fmt][1])
-                us = bench.graph_time_us(bench.store_call(inputs, bench.FORMATS[fmt][1]), args.calls)
+                us, ok = timed(inputs, fmt, args.calls, setting)
             except Exception as e:  # a setting the compiler refuses
-                print(f"  bt={bt} nw={nw}: {type(e).__name__}: {str(e)[:80]}")
+                print(f"  {setting}: {type(e).__name__}: {str(e)[:80]}")
                 continue
-            row.append((us, bt, nw, ok))
-        row.sort()
-        cells = " ".join(f"{bt}x{nw}:{us:.2f}{'' if ok else '!'}" for us, bt, nw, ok in row[:8])
-        us, bt, nw, _ = row[0]
-        best[(fmt, cr, t)] = (bt, nw, us)
-        print(f"{fmt:6} cr{cr} {t:>7}: best {bt}x{nw} {us:8.2f} us "
+            row.append((us, setting, ok))
+        row.sort(key=lambda r: r[0])
+        cells = " ".join(f"{b}x{w}{'e' if el else ''}:{us:.2f}{'' if ok else '!'}"
+                         for us, (b, w, el), ok in row[:6])
+        us, best, _ = row[0]
+        print(f"{fmt:6} cr{cr} {t:>7}: best {best} {us:8.2f} us "
               f"{100 * nbytes / us / 1e3 / copy:5.1f}% | {cells}", flush=True)
+        if t >= 32768:  # does the portable (integer) bf16/fp8 rounding cost or save time?
+            store.exact_casts_needed = lambda device: True
+            store._PLANS.clear()
+            exact_us, ok = timed(inputs, fmt, args.calls, best)
+            store.exact_casts_needed = lambda device: False
+            store._PLANS.clear()
+            print(f"        portable conversions at {best}: {exact_us:.2f} us"
+                  f"{'' if ok else ' BYTES DIFFER'}", flush=True)
     store.store_settings = original
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from . import layout, reference
 from .store import indexer_k_norm_rope_store
@@ -165,16 +167,15 @@ def copy_bandwidth_GBps(num_bytes: int = 2 << 30) -> float:
     return 2 * num_bytes / statistics.median(times[2:]) / 1e9
 
 
+@triton.jit
+def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
 def empty_launch_us(calls: int) -> tuple[float, float]:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _empty(x_ptr, n, BLOCK: tl.constexpr):
-        pass
-
+    """Cost of launching an empty Triton kernel: (GPU us in a graph, eager wall us)."""
     x = torch.empty(1, device="cuda")
-    fn = lambda: _empty[(1,)](x, 1, BLOCK=16)
+    fn = lambda: _empty_kernel[(1,)](x, 1, BLOCK=16)
     return graph_time_us(fn, calls), eager_time_us(fn, calls, torch.cuda.synchronize)
 
 
@@ -198,8 +199,6 @@ def _progress(items, desc: str):
 
 def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int = 200,
             peers: bool = True, readers: bool = True, peer_tokens=PEER_TOKENS) -> dict:
-    import triton
-
     device = torch.device("cuda")
     result = {
         "gpu": torch.cuda.get_device_name(device),

@@ -121,11 +121,11 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
         )
 
 
-def store_settings(num_tokens: int, interpreted: bool) -> tuple[int, int]:
-    """(tokens per program, warps per program) for a launch; deterministic in its inputs."""
+def store_settings(num_tokens: int, interpreted: bool) -> tuple[int, int, bool]:
+    """(tokens per program, warps per program, eager loads) for a launch; deterministic."""
     if interpreted:
-        return 64, 1  # the interpreter's cost is per program: fewer, larger programs
-    return 4, 4
+        return 64, 1, False  # the interpreter's cost is per program: fewer, larger programs
+    return 4, 4, False
 
 
 def _int_kinds(*values: int) -> tuple[bool, ...]:
@@ -140,7 +140,7 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compile-time view of pointer alignment and int widths), later ones go straight to the
     compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
-    block_t, num_warps = store_settings(num_tokens, INTERPRETED)
+    block_t, num_warps, eager_loads = store_settings(num_tokens, INTERPRETED)
     grid = -(-num_tokens // block_t)
     max_pos = cos_sin_cache.shape[0]
     num_slots = k_cache.shape[0] * k_cache.shape[1]
@@ -149,13 +149,13 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), num_slots,
         kv_slot_mapping, num_tokens,
         plan.compress_ratio, plan.use_fp4_cache, plan.mx_scales, plan.layout, plan.n_per_tile,
-        plan.block_size, block_t, plan.exact_casts,
+        plan.block_size, block_t, eager_loads, plan.exact_casts,
     )
     if INTERPRETED:
         indexer_k_store_kernel[(grid,)](*args, num_warps=num_warps)
         return
     device = k_cache.device.index
-    key = (block_t, num_warps, device, *_int_kinds(max_pos, num_slots, num_tokens),
+    key = (block_t, num_warps, eager_loads, device, *_int_kinds(max_pos, num_slots, num_tokens),
            *(t.data_ptr() % 16 == 0 for t in (k_pre, positions, cos_sin_cache, rms_norm_weight,
                                                k_cache, kv_slot_mapping)))
     compiled = plan.launches.get(key)

@@ -79,13 +79,19 @@ def e4m3_to_float(byte):
 
 @triton.jit
 def e2m1_code(x):
-    """Scaled float32 -> E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4, 6)."""
-    a = tl.abs(x)
-    index = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-             + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-             + (a > 5.0).to(tl.int32))
-    sign = (x.to(tl.int32, bitcast=True) < 0).to(tl.int32)
-    return (sign << 3) | index
+    """Scaled float32 -> E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4,
+    6), round to nearest, ties to the even code: the contract's thresholds, by rounding.
+
+    Below 1 the codes are multiples of 0.5: round 2|x| to an integer (0, 1, or 2, which is
+    the code of 1.0). From 1 up, E2M1 is a float with one mantissa bit: round the fp32
+    mantissa to one bit, a carry stepping the exponent, and rebias (127 -> 1).
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    small = (tl.abs(x) * 2.0 + ROUND_MAGIC).to(tl.uint32, bitcast=True) - ROUND_MAGIC_BITS
+    normal = ((magnitude + (0x1FFFFF + ((magnitude >> 22) & 1))) >> 22) - 252
+    code = tl.minimum(tl.where(magnitude < 0x3F800000, small, normal), 7)  # saturate at 6
+    return (code | ((bits >> 28) & 0x8)).to(tl.int32)
 
 
 @triton.jit
@@ -105,22 +111,3 @@ def ue8m0_to_float(byte):
     value = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
     return tl.where(b == 255, float("nan"), value)
 
-
-@triton.jit
-def halve_pairs(x):
-    """[R, W] -> [R, W // 2]: x[:, 2j] + x[:, 2j + 1], one level of the fixed sum tree."""
-    R: tl.constexpr = x.shape[0]
-    W: tl.constexpr = x.shape[1]
-    a, b = tl.split(tl.reshape(x, [R, W // 2, 2]))
-    return a + b
-
-
-@triton.jit
-def pair_tree_sum32(x):
-    """[R, 32] -> [R]: the fixed adjacent-pairs tree, as ``reference.pair_tree_sum``."""
-    x = halve_pairs(x)
-    x = halve_pairs(x)
-    x = halve_pairs(x)
-    x = halve_pairs(x)
-    a, b = tl.split(x)
-    return a + b

@@ -1,12 +1,7 @@
 """The fused norm -> RoPE -> quantize -> paged store kernel.
 
-One program handles ``BLOCK_T`` consecutive tokens. Each 128-wide key is held as four
-[BLOCK_T, 32] tensors: the even and odd elements of its low half (dims 0..63, passed
-through RoPE untouched) and of its high half (dims 64..127, rotated in GPT-J pairs).
-That split makes the RoPE pairs, the MXFP4 nibble pairs and the first level of the
-sum-of-squares tree all the same element-wise operation.
-
-Formats and layouts are compile-time flags; all offsets come from ``layout``.
+One program handles ``BLOCK_T`` consecutive tokens. Formats and layouts are compile-time
+flags; every cache offset comes from ``layout``.
 """
 
 import triton
@@ -21,47 +16,75 @@ from .numerics import (
     ceil_log2,
     e2m1_code,
     float_to_e4m3,
-    pair_tree_sum32,
     pow2,
     round_to_bf16,
 )
 
 
 @triton.jit
-def _store_values(page_ptr, p, d, values, mask, BLOCK_SIZE: tl.constexpr,
-                  VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr):
-    offset = value_offset_tl(p[:, None], d[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
-    tl.store(page_ptr[:, None] + offset, values, mask=mask[:, None])
+def _store_bytes(page_ptr, p, byte_index, values, mask, BLOCK_SIZE: tl.constexpr,
+                 VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr):
+    """Store value bytes [BLOCK_T, 2, 4, W]; ``byte_index`` [2, 4, W] is the byte in the row."""
+    offset = value_offset_tl(p[:, None, None, None], byte_index[None, :, :, :], BLOCK_SIZE,
+                             VALUE_BYTES, LAYOUT, N_PER_TILE)
+    tl.store(page_ptr[:, None, None, None] + offset, values, mask=mask[:, None, None, None])
 
 
 @triton.jit
-def _store_scales(page_ptr, p, i, scales, mask, BLOCK_SIZE: tl.constexpr,
+def _store_scales(page_ptr, p, first, scale_bytes, mask, BLOCK_SIZE: tl.constexpr,
                   VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr):
+    """Store scale bytes [BLOCK_T, W] as the token's scale bytes first .. first + W - 1."""
+    W: tl.constexpr = scale_bytes.shape[1]
+    i = first + tl.arange(0, W)
     offset = scale_offset_tl(p[:, None], i[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
-    tl.store(page_ptr[:, None] + offset, scales, mask=mask[:, None])
+    tl.store(page_ptr[:, None] + offset, scale_bytes, mask=mask[:, None])
 
 
 @triton.jit
-def _interleave(x, y):
-    """Two [R, 32] tensors -> [R, 64] with x at even and y at odd columns."""
-    R: tl.constexpr = x.shape[0]
-    return tl.reshape(tl.join(x, y), [R, 64])
+def _split_pairs(half):
+    """[T, 2, 4, 8] -> even and odd elements, [T, 2, 4, 4] each (in-thread: no data movement)."""
+    T: tl.constexpr = half.shape[0]
+    return tl.split(tl.reshape(half.to(tl.float32), [T, 2, 4, 4, 2]))
 
 
 @triton.jit
-def _mxfp4_groups(x, y, EXACT_CASTS: tl.constexpr):
-    """One 64-wide half as even/odd [R, 32] -> (packed bytes [R, 32], scale exponents [R, 2]).
+def _half_sum_of_squares(x, y):
+    """Levels 1-6 of the fixed tree over one 64-element half: [T, 2, 4, 4] pairs -> [T].
 
-    The half holds two MXFP4 groups of 32 elements: pairs 0..15 and pairs 16..31.
+    Each level sums an axis of two elements: one addition whatever the hardware's order,
+    so every level is exactly the reference's ``x[..., 0::2] + x[..., 1::2]``.
     """
-    R: tl.constexpr = x.shape[0]
-    pair_max = tl.reshape(tl.maximum(tl.abs(x), tl.abs(y)), [R, 2, 16])
-    amax = tl.maximum(tl.max(pair_max, axis=2), MXFP4_AMAX_FLOOR)
-    e = tl.minimum(tl.maximum(ceil_log2(tl.div_rn(amax, MXFP4_MAX)), -127), 127)
-    inv_scale = pow2(-e)[:, :, None]
-    x_codes = e2m1_code(tl.reshape(tl.reshape(x, [R, 2, 16]) * inv_scale, [R, 32]))
-    y_codes = e2m1_code(tl.reshape(tl.reshape(y, [R, 2, 16]) * inv_scale, [R, 32]))
-    return (x_codes | (y_codes << 4)).to(tl.uint8), e
+    T: tl.constexpr = x.shape[0]
+    s = x * x + y * y  # element pairs
+    s = tl.sum(tl.reshape(s, [T, 2, 4, 2, 2]), axis=4)
+    s = tl.sum(s, axis=3)  # [T, 2, 4]: 8-element chunks
+    s = tl.sum(tl.reshape(s, [T, 2, 2, 2]), axis=3)
+    s = tl.sum(s, axis=2)  # [T, 2]: 32-element groups
+    return tl.sum(s, axis=1)
+
+
+@triton.jit
+def _fp8_codes(x, y, inv_scale, EXACT_CASTS: tl.constexpr):
+    """Scaled e4m3 codes of one half, interleaved back to element order: [T, 2, 4, 8]."""
+    T: tl.constexpr = x.shape[0]
+    x = x * inv_scale
+    y = y * inv_scale
+    if EXACT_CASTS:  # the hardware conversion saturates by itself
+        x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+        y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+    codes = tl.join(float_to_e4m3(x, EXACT_CASTS), float_to_e4m3(y, EXACT_CASTS))
+    return tl.reshape(codes, [T, 2, 4, 8])
+
+
+@triton.jit
+def _mxfp4_half(x, y):
+    """One half's two MXFP4 groups: (packed E2M1 pairs [T, 2, 4, 4], exponents [T, 2])."""
+    amax = tl.max(tl.max(tl.maximum(tl.abs(x), tl.abs(y)), axis=3), axis=2)
+    e = tl.minimum(tl.maximum(ceil_log2(tl.div_rn(tl.maximum(amax, MXFP4_AMAX_FLOOR), MXFP4_MAX)),
+                              -127), 127)
+    inv_scale = pow2(-e)[:, :, None, None]
+    packed = e2m1_code(x * inv_scale) | (e2m1_code(y * inv_scale) << 4)
+    return packed.to(tl.uint8), e
 
 
 # Sizes are only compared against: specializing on their values would only add variants.
@@ -80,8 +103,18 @@ def indexer_k_store_kernel(
     N_PER_TILE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    EAGER_LOADS: tl.constexpr,
     EXACT_CASTS: tl.constexpr,
 ):
+    """Each key is two halves of [BLOCK_T, 2, 4, 8]: (token, group of 32, chunk of 8,
+    element). A thread owns whole 8-element chunks: one 16-byte load, the GPT-J and E2M1
+    pairs inside it, its output bytes contiguous. The high half (dims 64..127) is the RoPE
+    half; a group is an MXFP4 scale block.
+
+    ``EAGER_LOADS`` issues the key-row loads together with the slot and position loads
+    (latency, at small sizes) instead of after them (no reads of skipped rows: bandwidth,
+    at large sizes).
+    """
     tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
     tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
@@ -92,72 +125,73 @@ def indexer_k_store_kernel(
     # Token indices are int64 so that every address below is computed in 64 bits.
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = t < num_tokens
+    g = tl.arange(0, 2)[:, None, None]
+    c = tl.arange(0, 4)[None, :, None]
+    element = g * 32 + c * 8 + tl.arange(0, 8)[None, None, :]  # [2, 4, 8], within a half
+    row_ptr = k_pre_ptr + t[:, None, None, None] * k_pre_row_stride + element[None]
+    if EAGER_LOADS:
+        lo = tl.load(row_ptr, mask=in_range[:, None, None, None], other=0.0)
+        hi = tl.load(row_ptr + 64, mask=in_range[:, None, None, None], other=0.0)
     slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
     pos = tl.load(positions_ptr + t, mask=in_range, other=-1).to(tl.int64)
+    w_lo_x, w_lo_y = _split_pairs(tl.load(weight_ptr + element)[None])
+    w_hi_x, w_hi_y = _split_pairs(tl.load(weight_ptr + 64 + element)[None])
     group_pos = pos - pos % COMPRESS_RATIO  # pos >= 0 wherever it is used
-    # Only group-boundary tokens with an in-range slot and group position are written;
-    # nothing else is read past this point.
+    # Only group-boundary tokens with an in-range slot and group position are written.
     write = ((slot >= 0) & (slot < num_slots) & (pos >= 0)
              & ((pos + 1) % COMPRESS_RATIO == 0) & (group_pos < max_pos))
+    write4 = write[:, None, None, None]
+    if not EAGER_LOADS:
+        lo = tl.load(row_ptr, mask=write4, other=0.0)
+        hi = tl.load(row_ptr + 64, mask=write4, other=0.0)
+    # cos/sin of RoPE pair j = 16 * g + 4 * c + q of the high half.
+    pair = g * 16 + c * 4 + tl.arange(0, 4)[None, None, :]
+    cs_ptr = cos_sin_ptr + group_pos[:, None, None, None] * cos_sin_row_stride + pair[None]
+    cos = tl.load(cs_ptr, mask=write4, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + 32, mask=write4, other=0.0).to(tl.float32)
+    lo_x, lo_y = _split_pairs(lo)
+    hi_x, hi_y = _split_pairs(hi)
 
-    j = tl.arange(0, 32)
-    row = k_pre_ptr + t[:, None] * k_pre_row_stride
-    cols = tl.arange(0, 64)[None, :]
-    lo_x, lo_y = tl.split(tl.reshape(tl.load(row + cols, mask=write[:, None], other=0.0)
-                                     .to(tl.float32), [BLOCK_T, 32, 2]))
-    hi_x, hi_y = tl.split(tl.reshape(tl.load(row + 64 + cols, mask=write[:, None], other=0.0)
-                                     .to(tl.float32), [BLOCK_T, 32, 2]))
-    cs = cos_sin_ptr + group_pos[:, None] * cos_sin_row_stride + j[None, :]
-    cos = tl.load(cs, mask=write[:, None], other=0.0).to(tl.float32)
-    sin = tl.load(cs + 32, mask=write[:, None], other=0.0).to(tl.float32)
-    w_lo_x = tl.load(weight_ptr + 2 * j).to(tl.float32)[None, :]
-    w_lo_y = tl.load(weight_ptr + 2 * j + 1).to(tl.float32)[None, :]
-    w_hi_x = tl.load(weight_ptr + 64 + 2 * j).to(tl.float32)[None, :]
-    w_hi_y = tl.load(weight_ptr + 65 + 2 * j).to(tl.float32)[None, :]
-
-    # RMS norm. The sum of squares is the reference's tree: pairs, then halving.
-    sum_sq = (pair_tree_sum32(lo_x * lo_x + lo_y * lo_y)
-              + pair_tree_sum32(hi_x * hi_x + hi_y * hi_y))
-    inv_rms = tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps))[:, None]
+    # RMS norm (level 7 of the sum tree adds the halves), then GPT-J RoPE on the high half.
+    sum_sq = _half_sum_of_squares(lo_x, lo_y) + _half_sum_of_squares(hi_x, hi_y)
+    inv_rms = tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps))[:, None, None, None]
     lo_x = round_to_bf16(lo_x * inv_rms * w_lo_x, EXACT_CASTS)
     lo_y = round_to_bf16(lo_y * inv_rms * w_lo_y, EXACT_CASTS)
     hi_x = round_to_bf16(hi_x * inv_rms * w_hi_x, EXACT_CASTS)
     hi_y = round_to_bf16(hi_y * inv_rms * w_hi_y, EXACT_CASTS)
-    # GPT-J RoPE on the high half at the group's position.
-    rot_x = round_to_bf16(hi_x * cos - hi_y * sin, EXACT_CASTS)
-    rot_y = round_to_bf16(hi_y * cos + hi_x * sin, EXACT_CASTS)
+    hi_x, hi_y = (round_to_bf16(hi_x * cos - hi_y * sin, EXACT_CASTS),
+                  round_to_bf16(hi_y * cos + hi_x * sin, EXACT_CASTS))
 
     page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
     p = slot % BLOCK_SIZE
-    i = tl.arange(0, 2)
     if USE_FP4:
-        lo_bytes, lo_e = _mxfp4_groups(lo_x, lo_y, EXACT_CASTS)
-        hi_bytes, hi_e = _mxfp4_groups(rot_x, rot_y, EXACT_CASTS)
-        _store_values(page_ptr, p, j, lo_bytes, write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
-        _store_values(page_ptr, p, 32 + j, hi_bytes, write, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                      N_PER_TILE)
-        _store_scales(page_ptr, p, i, (lo_e + 127).to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+        lo_packed, lo_e = _mxfp4_half(lo_x, lo_y)
+        hi_packed, hi_e = _mxfp4_half(hi_x, hi_y)
+        packed_index = g * 16 + c * 4 + tl.arange(0, 4)[None, None, :]  # byte within a half
+        _store_bytes(page_ptr, p, packed_index, lo_packed, write, BLOCK_SIZE, VALUE_BYTES,
+                     LAYOUT, N_PER_TILE)
+        _store_bytes(page_ptr, p, 32 + packed_index, hi_packed, write, BLOCK_SIZE, VALUE_BYTES,
+                     LAYOUT, N_PER_TILE)
+        _store_scales(page_ptr, p, 0, (lo_e + 127).to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
                       LAYOUT, N_PER_TILE)
-        _store_scales(page_ptr, p, 2 + i, (hi_e + 127).to(tl.uint8), write, BLOCK_SIZE,
-                      VALUE_BYTES, LAYOUT, N_PER_TILE)
+        _store_scales(page_ptr, p, 2, (hi_e + 127).to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+                      LAYOUT, N_PER_TILE)
     else:
-        amax = tl.max(tl.maximum(tl.maximum(tl.abs(lo_x), tl.abs(lo_y)),
-                                 tl.maximum(tl.abs(rot_x), tl.abs(rot_y))), axis=1)
-        e = ceil_log2(tl.div_rn(tl.maximum(amax, FP8_AMAX_FLOOR), FP8_MAX))
-        inv_scale = pow2(-e)[:, None]
-        lo = _interleave(lo_x, lo_y) * inv_scale
-        hi = _interleave(rot_x, rot_y) * inv_scale
-        lo_bytes = float_to_e4m3(tl.minimum(tl.maximum(lo, -FP8_MAX), FP8_MAX), EXACT_CASTS)
-        hi_bytes = float_to_e4m3(tl.minimum(tl.maximum(hi, -FP8_MAX), FP8_MAX), EXACT_CASTS)
-        d = tl.arange(0, 64)
-        _store_values(page_ptr, p, d, lo_bytes, write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
-        _store_values(page_ptr, p, 64 + d, hi_bytes, write, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                      N_PER_TILE)
-        i4 = tl.arange(0, 4)
+        lo_max = tl.max(tl.max(tl.max(tl.maximum(tl.abs(lo_x), tl.abs(lo_y)), axis=3), axis=2),
+                        axis=1)
+        hi_max = tl.max(tl.max(tl.max(tl.maximum(tl.abs(hi_x), tl.abs(hi_y)), axis=3), axis=2),
+                        axis=1)
+        amax = tl.maximum(tl.maximum(lo_max, hi_max), FP8_AMAX_FLOOR)
+        e = ceil_log2(tl.div_rn(amax, FP8_MAX))
+        inv_scale = pow2(-e)[:, None, None, None]
+        _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
+                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+        _store_bytes(page_ptr, p, 64 + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
+                     write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+        i4 = tl.arange(0, 4)[None, :]
         if MX_SCALES:  # four equal UE8M0 bytes
             scale_bytes = tl.broadcast_to((e + 127)[:, None], [BLOCK_T, 4])
         else:  # the fp32 2**e, little-endian
-            bits = ((e + 127) << 23)[:, None]
-            scale_bytes = (bits >> (8 * i4[None, :])) & 0xFF
-        _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+            scale_bytes = (((e + 127) << 23)[:, None] >> (8 * i4)) & 0xFF
+        _store_scales(page_ptr, p, 0, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
                       LAYOUT, N_PER_TILE)
