@@ -41,6 +41,15 @@ def main() -> None:
     ]
     for name, us in rows:
         print(f"{name:28} {us:7.2f} us")
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(2000):
+        call()
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ import itertools
 
 from indexer_kcache import bench, store
 
-CANDIDATES = {
-    1: list(itertools.product([1, 2, 4, 8], [1, 2], [True, False])),
-    512: list(itertools.product([1, 2, 4, 8], [1, 2], [True, False])),
-    4096: list(itertools.product([4, 8, 16, 32], [1, 2, 4], [False, True])),
-    32768: list(itertools.product([8, 16, 32, 64], [1, 2, 4, 8], [False])),
-    262144: list(itertools.product([8, 16, 32, 64], [1, 2, 4, 8], [False])),
-}
+SMALL = [(1, 1, True), (2, 1, True), (4, 1, True), (8, 1, True), (16, 1, True), (8, 1, False),
+         (16, 1, False)]
+MID = [(8, 1, True), (16, 1, True), (16, 1, False), (32, 2, True), (32, 2, False), (32, 1, True)]
+LARGE = [(16, 1, False), (32, 2, False), (64, 4, False), (32, 1, False), (64, 2, False),
+         (128, 4, False), (64, 1, False), (16, 1, True), (32, 2, True), (64, 4, True),
+         (32, 1, True), (64, 2, True)]
+CANDIDATES = {1: SMALL, 512: SMALL, 4096: MID, 32768: LARGE, 262144: LARGE}
 
 
 def timed(inputs, fmt, calls, setting):
@@ -32,7 +32,7 @@ def timed(inputs, fmt, calls, setting):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--formats", nargs="*", default=["fp8", "mxfp4"])
-    parser.add_argument("--ratios", type=int, nargs="*", default=[1])
+    parser.add_argument("--ratios", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
     original = store.store_settings

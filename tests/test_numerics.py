@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from indexer_kcache import reference
 from indexer_kcache.kernels import numerics
 
 from .cases import DEVICE
@@ -27,6 +28,10 @@ def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.c
         y = numerics.e2m1_code(x)
     elif OP == 4:
         y = numerics.ceil_log2(x)
+    elif OP == 6:
+        y = numerics.ceil_log2_of_ratio(tl.maximum(x, numerics.FP8_AMAX_FLOOR), 448.0)
+    elif OP == 7:
+        y = numerics.ceil_log2_of_ratio(tl.maximum(x, numerics.MXFP4_AMAX_FLOOR), 6.0)
     else:
         y = numerics.e2m1_to_float(x)
     tl.store(out_ptr + offs, y, mask=mask)
@@ -101,3 +106,16 @@ def test_ceil_log2_from_bits():
     x = torch.cat([torch.exp2(torch.arange(-126.0, 127.0)), random_floats(4096, -126, 127).abs()])
     want = torch.ceil(torch.log2(x.double())).int()
     assert torch.equal(apply(4, x, torch.int32), want)
+
+
+@pytest.mark.parametrize("limit", [448.0, 6.0], ids=["fp8", "mxfp4"])
+def test_scale_exponent_without_division_on_every_bf16_amax(limit):
+    """The kernel's division-free exponent equals ceil(log2(fl(amax / limit))) for every
+    amax that can occur: each positive finite bf16 value, and the floors."""
+    bits = torch.arange(1, 0x7F80, dtype=torch.int32).to(torch.int16)
+    amax = bits.view(torch.bfloat16).float()
+    floor = reference.FP8_AMAX_FLOOR if limit == 448.0 else reference.MXFP4_AMAX_FLOOR
+    amax = torch.cat([amax, torch.tensor([floor])]).clamp_min(floor)
+    want = reference.ceil_log2((amax.double() / limit).float())
+    got = apply(6 if limit == 448.0 else 7, amax, torch.int32)
+    assert torch.equal(got, want)

@@ -38,6 +38,23 @@ def ceil_log2(q):
 
 
 @triton.jit
+def ceil_log2_of_ratio(amax, LIMIT: tl.constexpr):
+    """ceil(log2(amax / LIMIT)) for LIMIT = 448 or 6, without the division.
+
+    LIMIT = M * 2**K with M = 1.75 or 1.5. For amax = m * 2**E (m in [1, 2)), amax / LIMIT
+    = (m / M) * 2**(E - K) with m / M in (0.5, 1] when m <= M, in (1, 2) otherwise: the
+    answer is E - K, plus one when m > M. The rounded quotient the contract divides gives
+    the same answer for every amax that occurs (bf16 values and the fixed floors): none
+    lies within an ulp of M * 2**j. (``tests/test_numerics.py`` checks every bf16 value.)
+    """
+    tl.static_assert(LIMIT == 448.0 or LIMIT == 6.0)
+    K: tl.constexpr = 8 if LIMIT == 448.0 else 2
+    M_BITS: tl.constexpr = 0x600000 if LIMIT == 448.0 else 0x400000  # mantissa of 1.75, 1.5
+    bits = amax.to(tl.int32, bitcast=True)
+    return ((bits >> 23) & 0xFF) - (127 + K) + ((bits & 0x7FFFFF) > M_BITS).to(tl.int32)
+
+
+@triton.jit
 def pow2(e):
     """2**e as float32 for int32 e in [-126, 127]."""
     return ((e + 127) << 23).to(tl.float32, bitcast=True)

@@ -13,7 +13,7 @@ from .numerics import (
     FP8_MAX,
     MXFP4_AMAX_FLOOR,
     MXFP4_MAX,
-    ceil_log2,
+    ceil_log2_of_ratio,
     e2m1_code,
     float_to_e4m3,
     pow2,
@@ -22,12 +22,27 @@ from .numerics import (
 
 
 @triton.jit
+def _per_token(v):
+    """[T] -> [1, 1, T, 1, 1]: a per-token value against a half-key tensor."""
+    return v[None, None, :, None, None]
+
+
+@triton.jit
+def _index(G_STEP: tl.constexpr, C_STEP: tl.constexpr, W: tl.constexpr):
+    """[2, 2, 1, 2, W] index G_STEP * g + C_STEP * c + w, with chunk c = 2 * c_hi + c_lo."""
+    g = tl.arange(0, 2)[:, None, None, None, None]
+    c_hi = tl.arange(0, 2)[None, :, None, None, None]
+    c_lo = tl.arange(0, 2)[None, None, None, :, None]
+    return g * G_STEP + (2 * c_hi + c_lo) * C_STEP + tl.arange(0, W)[None, None, None, None, :]
+
+
+@triton.jit
 def _store_bytes(page_ptr, p, byte_index, values, mask, BLOCK_SIZE: tl.constexpr,
                  VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr):
-    """Store value bytes [BLOCK_T, 2, 4, W]; ``byte_index`` [2, 4, W] is the byte in the row."""
-    offset = value_offset_tl(p[:, None, None, None], byte_index[None, :, :, :], BLOCK_SIZE,
-                             VALUE_BYTES, LAYOUT, N_PER_TILE)
-    tl.store(page_ptr[:, None, None, None] + offset, values, mask=mask[:, None, None, None])
+    """Store a half's value bytes; ``byte_index`` [2, 2, 1, 2, W] is the byte in the row."""
+    offset = value_offset_tl(_per_token(p), byte_index, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
+                             N_PER_TILE)
+    tl.store(_per_token(page_ptr) + offset, values, mask=_per_token(mask))
 
 
 @triton.jit
@@ -42,47 +57,55 @@ def _store_scales(page_ptr, p, first, scale_bytes, mask, BLOCK_SIZE: tl.constexp
 
 @triton.jit
 def _split_pairs(half):
-    """[T, 2, 4, 8] -> even and odd elements, [T, 2, 4, 4] each (in-thread: no data movement)."""
-    T: tl.constexpr = half.shape[0]
-    return tl.split(tl.reshape(half.to(tl.float32), [T, 2, 4, 4, 2]))
+    """[2, 2, T, 2, 8] -> even and odd elements, [2, 2, T, 2, 4] each (in-thread)."""
+    T: tl.constexpr = half.shape[2]
+    return tl.split(tl.reshape(half.to(tl.float32), [2, 2, T, 2, 4, 2]))
 
 
 @triton.jit
 def _half_sum_of_squares(x, y):
-    """Levels 1-6 of the fixed tree over one 64-element half: [T, 2, 4, 4] pairs -> [T].
+    """Levels 1-6 of the fixed tree over one 64-element half: [2, 2, T, 2, 4] pairs -> [T].
 
-    Each level sums an axis of two elements: one addition whatever the hardware's order,
-    so every level is exactly the reference's ``x[..., 0::2] + x[..., 1::2]``.
+    Element 32 g + 16 c_hi + 8 c_lo + 2 q + b sits at [g, c_hi, t, c_lo, q] (b: x or y), so
+    summing the axes from the lowest bit up is the adjacent-pairs tree. Each level sums an
+    axis of two elements: one addition whatever the hardware's order, exactly the
+    reference's ``x[..., 0::2] + x[..., 1::2]``.
     """
-    T: tl.constexpr = x.shape[0]
-    s = x * x + y * y  # element pairs
-    s = tl.sum(tl.reshape(s, [T, 2, 4, 2, 2]), axis=4)
-    s = tl.sum(s, axis=3)  # [T, 2, 4]: 8-element chunks
-    s = tl.sum(tl.reshape(s, [T, 2, 2, 2]), axis=3)
-    s = tl.sum(s, axis=2)  # [T, 2]: 32-element groups
-    return tl.sum(s, axis=1)
+    T: tl.constexpr = x.shape[2]
+    s = x * x + y * y  # b
+    s = tl.sum(tl.reshape(s, [2, 2, T, 2, 2, 2]), axis=5)  # q bit 0
+    s = tl.sum(s, axis=4)  # q bit 1
+    s = tl.sum(s, axis=3)  # c_lo
+    s = tl.sum(s, axis=1)  # c_hi
+    return tl.sum(s, axis=0)  # g
+
+
+@triton.jit
+def _amax_by_group(x, y):
+    """max |x|, |y| over each 32-element group: [2, 2, T, 2, 4] -> [2, T]."""
+    m = tl.maximum(tl.abs(x), tl.abs(y))
+    return tl.max(tl.max(tl.max(m, axis=4), axis=3), axis=1)
 
 
 @triton.jit
 def _fp8_codes(x, y, inv_scale, EXACT_CASTS: tl.constexpr):
-    """Scaled e4m3 codes of one half, interleaved back to element order: [T, 2, 4, 8]."""
-    T: tl.constexpr = x.shape[0]
+    """Scaled e4m3 codes of one half, interleaved back to element order: [2, 2, T, 2, 8]."""
+    T: tl.constexpr = x.shape[2]
     x = x * inv_scale
     y = y * inv_scale
     if EXACT_CASTS:  # the hardware conversion saturates by itself
         x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
         y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
     codes = tl.join(float_to_e4m3(x, EXACT_CASTS), float_to_e4m3(y, EXACT_CASTS))
-    return tl.reshape(codes, [T, 2, 4, 8])
+    return tl.reshape(codes, [2, 2, T, 2, 8])
 
 
 @triton.jit
 def _mxfp4_half(x, y):
-    """One half's two MXFP4 groups: (packed E2M1 pairs [T, 2, 4, 4], exponents [T, 2])."""
-    amax = tl.max(tl.max(tl.maximum(tl.abs(x), tl.abs(y)), axis=3), axis=2)
-    e = tl.minimum(tl.maximum(ceil_log2(tl.div_rn(tl.maximum(amax, MXFP4_AMAX_FLOOR), MXFP4_MAX)),
-                              -127), 127)
-    inv_scale = pow2(-e)[:, :, None, None]
+    """One half's two MXFP4 groups: (packed E2M1 pairs [2, 2, T, 2, 4], exponents [2, T])."""
+    amax = tl.maximum(_amax_by_group(x, y), MXFP4_AMAX_FLOOR)
+    e = tl.minimum(tl.maximum(ceil_log2_of_ratio(amax, MXFP4_MAX), -127), 127)
+    inv_scale = pow2(-e)[:, None, :, None, None]
     packed = e2m1_code(x * inv_scale) | (e2m1_code(y * inv_scale) << 4)
     return packed.to(tl.uint8), e
 
@@ -106,14 +129,16 @@ def indexer_k_store_kernel(
     EAGER_LOADS: tl.constexpr,
     EXACT_CASTS: tl.constexpr,
 ):
-    """Each key is two halves of [BLOCK_T, 2, 4, 8]: (token, group of 32, chunk of 8,
-    element). A thread owns whole 8-element chunks: one 16-byte load, the GPT-J and E2M1
-    pairs inside it, its output bytes contiguous. The high half (dims 64..127) is the RoPE
-    half; a group is an MXFP4 scale block.
+    """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
+    high bit of the 8-element chunk, token, low bit of the chunk, element). The chunk's
+    low bit and the token vary across the lanes of a warp, the rest stays in registers: two
+    lanes share a token, each with four 16-byte chunks per half, so per-token work (the
+    norm's division, the scale exponent, addresses) is done by two lanes, not sixteen, and
+    all but one level of the reductions are in-thread. The high half is the RoPE half;
+    a group is an MXFP4 scale block.
 
     ``EAGER_LOADS`` issues the key-row loads together with the slot and position loads
-    (latency, at small sizes) instead of after them (no reads of skipped rows: bandwidth,
-    at large sizes).
+    (latency, at small sizes) instead of after them (no reads of skipped rows: bandwidth).
     """
     tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
@@ -125,40 +150,36 @@ def indexer_k_store_kernel(
     # Token indices are int64 so that every address below is computed in 64 bits.
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = t < num_tokens
-    g = tl.arange(0, 2)[:, None, None]
-    c = tl.arange(0, 4)[None, :, None]
-    element = g * 32 + c * 8 + tl.arange(0, 8)[None, None, :]  # [2, 4, 8], within a half
-    row_ptr = k_pre_ptr + t[:, None, None, None] * k_pre_row_stride + element[None]
+    element = _index(32, 8, 8)  # within a half
+    row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
     if EAGER_LOADS:
-        lo = tl.load(row_ptr, mask=in_range[:, None, None, None], other=0.0)
-        hi = tl.load(row_ptr + 64, mask=in_range[:, None, None, None], other=0.0)
+        lo = tl.load(row_ptr, mask=_per_token(in_range), other=0.0)
+        hi = tl.load(row_ptr + 64, mask=_per_token(in_range), other=0.0)
     slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
     pos = tl.load(positions_ptr + t, mask=in_range, other=-1).to(tl.int64)
-    w_lo_x, w_lo_y = _split_pairs(tl.load(weight_ptr + element)[None])
-    w_hi_x, w_hi_y = _split_pairs(tl.load(weight_ptr + 64 + element)[None])
     group_pos = pos - pos % COMPRESS_RATIO  # pos >= 0 wherever it is used
     # Only group-boundary tokens with an in-range slot and group position are written.
     write = ((slot >= 0) & (slot < num_slots) & (pos >= 0)
              & ((pos + 1) % COMPRESS_RATIO == 0) & (group_pos < max_pos))
-    write4 = write[:, None, None, None]
     if not EAGER_LOADS:
-        lo = tl.load(row_ptr, mask=write4, other=0.0)
-        hi = tl.load(row_ptr + 64, mask=write4, other=0.0)
-    # cos/sin of RoPE pair j = 16 * g + 4 * c + q of the high half.
-    pair = g * 16 + c * 4 + tl.arange(0, 4)[None, None, :]
-    cs_ptr = cos_sin_ptr + group_pos[:, None, None, None] * cos_sin_row_stride + pair[None]
-    cos = tl.load(cs_ptr, mask=write4, other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + 32, mask=write4, other=0.0).to(tl.float32)
+        lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
+        hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
+    # cos/sin of RoPE pair j = 16 g + 4 c + q of the high half.
+    cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _index(16, 4, 4)
+    cos = tl.load(cs_ptr, mask=_per_token(write), other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + 32, mask=_per_token(write), other=0.0).to(tl.float32)
     lo_x, lo_y = _split_pairs(lo)
     hi_x, hi_y = _split_pairs(hi)
 
     # RMS norm (level 7 of the sum tree adds the halves), then GPT-J RoPE on the high half.
     sum_sq = _half_sum_of_squares(lo_x, lo_y) + _half_sum_of_squares(hi_x, hi_y)
-    inv_rms = tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps))[:, None, None, None]
-    lo_x = round_to_bf16(lo_x * inv_rms * w_lo_x, EXACT_CASTS)
-    lo_y = round_to_bf16(lo_y * inv_rms * w_lo_y, EXACT_CASTS)
-    hi_x = round_to_bf16(hi_x * inv_rms * w_hi_x, EXACT_CASTS)
-    hi_y = round_to_bf16(hi_y * inv_rms * w_hi_y, EXACT_CASTS)
+    inv_rms = _per_token(tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps)))
+    w_x, w_y = _split_pairs(tl.load(weight_ptr + element))
+    lo_x = round_to_bf16(lo_x * inv_rms * w_x, EXACT_CASTS)
+    lo_y = round_to_bf16(lo_y * inv_rms * w_y, EXACT_CASTS)
+    w_x, w_y = _split_pairs(tl.load(weight_ptr + 64 + element))
+    hi_x = round_to_bf16(hi_x * inv_rms * w_x, EXACT_CASTS)
+    hi_y = round_to_bf16(hi_y * inv_rms * w_y, EXACT_CASTS)
     hi_x, hi_y = (round_to_bf16(hi_x * cos - hi_y * sin, EXACT_CASTS),
                   round_to_bf16(hi_y * cos + hi_x * sin, EXACT_CASTS))
 
@@ -167,23 +188,20 @@ def indexer_k_store_kernel(
     if USE_FP4:
         lo_packed, lo_e = _mxfp4_half(lo_x, lo_y)
         hi_packed, hi_e = _mxfp4_half(hi_x, hi_y)
-        packed_index = g * 16 + c * 4 + tl.arange(0, 4)[None, None, :]  # byte within a half
+        packed_index = _index(16, 4, 4)  # byte within a half
         _store_bytes(page_ptr, p, packed_index, lo_packed, write, BLOCK_SIZE, VALUE_BYTES,
                      LAYOUT, N_PER_TILE)
         _store_bytes(page_ptr, p, 32 + packed_index, hi_packed, write, BLOCK_SIZE, VALUE_BYTES,
                      LAYOUT, N_PER_TILE)
-        _store_scales(page_ptr, p, 0, (lo_e + 127).to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                      LAYOUT, N_PER_TILE)
-        _store_scales(page_ptr, p, 2, (hi_e + 127).to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                      LAYOUT, N_PER_TILE)
+        _store_scales(page_ptr, p, 0, tl.trans(lo_e + 127).to(tl.uint8), write, BLOCK_SIZE,
+                      VALUE_BYTES, LAYOUT, N_PER_TILE)
+        _store_scales(page_ptr, p, 2, tl.trans(hi_e + 127).to(tl.uint8), write, BLOCK_SIZE,
+                      VALUE_BYTES, LAYOUT, N_PER_TILE)
     else:
-        lo_max = tl.max(tl.max(tl.max(tl.maximum(tl.abs(lo_x), tl.abs(lo_y)), axis=3), axis=2),
-                        axis=1)
-        hi_max = tl.max(tl.max(tl.max(tl.maximum(tl.abs(hi_x), tl.abs(hi_y)), axis=3), axis=2),
-                        axis=1)
-        amax = tl.maximum(tl.maximum(lo_max, hi_max), FP8_AMAX_FLOOR)
-        e = ceil_log2(tl.div_rn(amax, FP8_MAX))
-        inv_scale = pow2(-e)[:, None, None, None]
+        lo_max = tl.max(_amax_by_group(lo_x, lo_y), axis=0)
+        hi_max = tl.max(_amax_by_group(hi_x, hi_y), axis=0)
+        e = ceil_log2_of_ratio(tl.maximum(tl.maximum(lo_max, hi_max), FP8_AMAX_FLOOR), FP8_MAX)
+        inv_scale = _per_token(pow2(-e))
         _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
         _store_bytes(page_ptr, p, 64 + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
