@@ -178,3 +178,17 @@ def test_random_cases(num_tokens, fmt, compress_ratio, block_size, shuffle, n, e
     want = run_store(case, "reference", mx_scales=mx, shuffle=shuffle, n=n)
     got = run_store(case, "triton", mx_scales=mx, shuffle=shuffle, n=n)
     assert_same_bytes(got, want, "triton vs reference")
+
+
+@pytest.mark.parametrize("start", [0, 1], ids=["even-start", "odd-start"])
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
+def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
+    """Consecutive positions (one writer per token pair, either member) and all-odd
+    positions (both members of a pair write) through the kernel's pairing of tokens."""
+    case = make_case(45, use_fp4_cache=fp4, compress_ratio=2, block_size=16, num_blocks=4,
+                     skip_every=0)
+    for positions in (torch.arange(45) + start + 10, 2 * torch.arange(45) + 1):
+        case.positions[:45] = positions.to(case.positions)
+        want = run_store(case, "reference")
+        got = run_store(case, "triton")
+        assert_same_bytes(got, want, "triton vs reference")

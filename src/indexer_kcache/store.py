@@ -121,11 +121,23 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
         )
 
 
-def store_settings(num_tokens: int, interpreted: bool) -> tuple[int, int, bool]:
-    """(tokens per program, warps per program, eager loads) for a launch; deterministic."""
+def store_settings(num_tokens: int, compress_ratio: int, interpreted: bool
+                   ) -> tuple[int, int, bool]:
+    """(lane pairs per program, warps per program, eager key loads) for a launch.
+
+    Deterministic in its inputs; chosen from ``benchmarks/tune_store.py`` on an H200.
+    Small launches are latency-bound: one or two tokens per program, the key row loaded
+    with the slot. Large ones are bandwidth-bound: 16 tokens per warp, two warps.
+    """
     if interpreted:
         return 64, 1, False  # the interpreter's cost is per program: fewer, larger programs
-    return 4, 4, False
+    if num_tokens <= 64:
+        return 1, 1, True
+    if num_tokens <= 1024:
+        return 2, 1, True
+    if num_tokens <= 8192:
+        return 8, 1, True
+    return 32, 2, compress_ratio == 1
 
 
 def _int_kinds(*values: int) -> tuple[bool, ...]:
@@ -140,8 +152,8 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compile-time view of pointer alignment and int widths), later ones go straight to the
     compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
-    block_t, num_warps, eager_loads = store_settings(num_tokens, INTERPRETED)
-    grid = -(-num_tokens // block_t)
+    block_t, num_warps, eager_loads = store_settings(num_tokens, plan.compress_ratio, INTERPRETED)
+    grid = -(-num_tokens // (block_t * plan.compress_ratio))
     max_pos = cos_sin_cache.shape[0]
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     args = (
@@ -161,13 +173,15 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compiled = plan.launches.get(key)
     switch = device != torch.cuda.current_device()
     with torch.cuda.device(device) if switch else contextlib.nullcontext():
-        if compiled is None or knobs.runtime.launch_enter_hook is not None:
+        if compiled is None:
             plan.launches[key] = indexer_k_store_kernel[(grid,)](
                 *args, num_warps=num_warps, enable_fp_fusion=False)
-        else:
+        else:  # what JITFunction.run does once the kernel is found (Triton 3.6 to 3.9)
             stream = torch._C._cuda_getCurrentRawStream(device)
-            compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None,
-                         None, None, *args)
+            enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+            compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                         compiled.launch_metadata((grid, 1, 1), stream, *args), enter, leave,
+                         *args)
 
 
 _PLANS: dict[tuple, StorePlan] = {}

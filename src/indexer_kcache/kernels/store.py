@@ -110,60 +110,31 @@ def _mxfp4_half(x, y):
     return packed.to(tl.uint8), e
 
 
-# Sizes are only compared against: specializing on their values would only add variants.
-@triton.jit(do_not_specialize=["max_pos", "num_slots", "num_tokens"])
-def indexer_k_store_kernel(
-    k_pre_ptr, k_pre_row_stride,
-    positions_ptr,
-    cos_sin_ptr, cos_sin_row_stride, max_pos,
-    weight_ptr, eps,
-    cache_ptr, page_stride, num_slots,
-    slot_ptr, num_tokens,
-    COMPRESS_RATIO: tl.constexpr,
-    USE_FP4: tl.constexpr,
-    MX_SCALES: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    N_PER_TILE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    EAGER_LOADS: tl.constexpr,
-    EXACT_CASTS: tl.constexpr,
+@triton.jit
+def _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO: tl.constexpr):
+    """Whether each token writes: a group boundary with an in-range slot and group position."""
+    group_pos = pos - pos % COMPRESS_RATIO  # only used where pos >= 0
+    return ((slot >= 0) & (slot < num_slots) & (pos >= 0)
+            & ((pos + 1) % COMPRESS_RATIO == 0) & (group_pos < max_pos))
+
+
+@triton.jit
+def _load_index(ptr, t, in_range):
+    return tl.load(ptr + t, mask=in_range, other=-1).to(tl.int64)
+
+
+@triton.jit
+def _norm_rope_quant_store(
+    lo, hi, slot, pos, write,
+    cos_sin_ptr, cos_sin_row_stride, weight_ptr, eps, cache_ptr, page_stride,
+    COMPRESS_RATIO: tl.constexpr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
+    LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr, EXACT_CASTS: tl.constexpr,
 ):
-    """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
-    high bit of the 8-element chunk, token, low bit of the chunk, element). The chunk's
-    low bit and the token vary across the lanes of a warp, the rest stays in registers: two
-    lanes share a token, each with four 16-byte chunks per half, so per-token work (the
-    norm's division, the scale exponent, addresses) is done by two lanes, not sixteen, and
-    all but one level of the reductions are in-thread. The high half is the RoPE half;
-    a group is an MXFP4 scale block.
-
-    ``EAGER_LOADS`` issues the key-row loads together with the slot and position loads
-    (latency, at small sizes) instead of after them (no reads of skipped rows: bandwidth).
-    """
-    tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
-    tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
-    tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
-    tl.static_assert(LAYOUT != 2 or BLOCK_SIZE % N_PER_TILE == 0)
-    tl.static_assert(LAYOUT != 1 or BLOCK_SIZE % 16 == 0)
+    """Everything after the key rows are loaded, for BLOCK_T tokens (one per lane pair)."""
     VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
-
-    # Token indices are int64 so that every address below is computed in 64 bits.
-    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_range = t < num_tokens
     element = _index(32, 8, 8)  # within a half
-    row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
-    if EAGER_LOADS:
-        lo = tl.load(row_ptr, mask=_per_token(in_range), other=0.0)
-        hi = tl.load(row_ptr + 64, mask=_per_token(in_range), other=0.0)
-    slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
-    pos = tl.load(positions_ptr + t, mask=in_range, other=-1).to(tl.int64)
-    group_pos = pos - pos % COMPRESS_RATIO  # pos >= 0 wherever it is used
-    # Only group-boundary tokens with an in-range slot and group position are written.
-    write = ((slot >= 0) & (slot < num_slots) & (pos >= 0)
-             & ((pos + 1) % COMPRESS_RATIO == 0) & (group_pos < max_pos))
-    if not EAGER_LOADS:
-        lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
-        hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
+    group_pos = pos - pos % COMPRESS_RATIO
     # cos/sin of RoPE pair j = 16 g + 4 c + q of the high half.
     cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _index(16, 4, 4)
     cos = tl.load(cs_ptr, mask=_per_token(write), other=0.0).to(tl.float32)
@@ -213,3 +184,92 @@ def indexer_k_store_kernel(
             scale_bytes = (((e + 127) << 23)[:, None] >> (8 * i4)) & 0xFF
         _store_scales(page_ptr, p, 0, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
                       LAYOUT, N_PER_TILE)
+
+
+# Sizes are only compared against: specializing on their values would only add variants.
+@triton.jit(do_not_specialize=["max_pos", "num_slots", "num_tokens"])
+def indexer_k_store_kernel(
+    k_pre_ptr, k_pre_row_stride,
+    positions_ptr,
+    cos_sin_ptr, cos_sin_row_stride, max_pos,
+    weight_ptr, eps,
+    cache_ptr, page_stride, num_slots,
+    slot_ptr, num_tokens,
+    COMPRESS_RATIO: tl.constexpr,
+    USE_FP4: tl.constexpr,
+    MX_SCALES: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    N_PER_TILE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    EAGER_LOADS: tl.constexpr,
+    EXACT_CASTS: tl.constexpr,
+):
+    """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
+    high bit of the 8-element chunk, token, low bit of the chunk, element). The chunk's
+    low bit and the token vary across the lanes of a warp, the rest stays in registers: two
+    lanes share a token, each with four 16-byte chunks per half, so per-token work (the
+    norm's division, the scale exponent, addresses) is done by two lanes, not sixteen, and
+    all but one level of the reductions are in-thread. The high half is the RoPE half;
+    a group is an MXFP4 scale block.
+
+    ``compress_ratio`` 1: a program stores BLOCK_T consecutive tokens. ``EAGER_LOADS``
+    issues their key-row loads together with the slot and position loads.
+
+    ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T pairs and does the
+    work only for the tokens that write, about one per pair: a lane pair takes the odd
+    token of its pair if it writes, else the even one; pairs where both write (positions
+    not consecutive) get a second pass. Rows of skipped tokens are never read.
+    """
+    tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
+    tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
+    tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
+    tl.static_assert(LAYOUT != 2 or BLOCK_SIZE % N_PER_TILE == 0)
+    tl.static_assert(LAYOUT != 1 or BLOCK_SIZE % 16 == 0)
+    element = _index(32, 8, 8)  # within a half
+    # Token indices are int64 so that every address below is computed in 64 bits.
+    lane = tl.arange(0, BLOCK_T).to(tl.int64)
+    if COMPRESS_RATIO == 1:
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + lane
+        in_range = t < num_tokens
+        row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
+        if EAGER_LOADS:
+            lo = tl.load(row_ptr, mask=_per_token(in_range), other=0.0)
+            hi = tl.load(row_ptr + 64, mask=_per_token(in_range), other=0.0)
+        slot = _load_index(slot_ptr, t, in_range)
+        pos = _load_index(positions_ptr, t, in_range)
+        write = _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO)
+        if not EAGER_LOADS:
+            lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
+            hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
+        _norm_rope_quant_store(lo, hi, slot, pos, write, cos_sin_ptr, cos_sin_row_stride,
+                               weight_ptr, eps, cache_ptr, page_stride, COMPRESS_RATIO, USE_FP4,
+                               MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+    else:
+        t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
+        t_odd = t_even + 1
+        slot_even = _load_index(slot_ptr, t_even, t_even < num_tokens)
+        pos_even = _load_index(positions_ptr, t_even, t_even < num_tokens)
+        slot_odd = _load_index(slot_ptr, t_odd, t_odd < num_tokens)
+        pos_odd = _load_index(positions_ptr, t_odd, t_odd < num_tokens)
+        write_even = _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
+        write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
+        t = tl.where(write_odd, t_odd, t_even)
+        write = write_odd | write_even
+        row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
+        lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
+        hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
+        _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
+                               tl.where(write_odd, pos_odd, pos_even), write, cos_sin_ptr,
+                               cos_sin_row_stride, weight_ptr, eps, cache_ptr, page_stride,
+                               COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+        both = write_odd & write_even
+        if tl.max(both.to(tl.int32), axis=0) > 0:
+            row_ptr = k_pre_ptr + _per_token(t_even) * k_pre_row_stride + element
+            lo = tl.load(row_ptr, mask=_per_token(both), other=0.0)
+            hi = tl.load(row_ptr + 64, mask=_per_token(both), other=0.0)
+            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, cos_sin_ptr,
+                                   cos_sin_row_stride, weight_ptr, eps, cache_ptr, page_stride,
+                                   COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                                   BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
