@@ -75,7 +75,7 @@ def normalize_and_rope(
     """
     k = k.float()
     sum_sq = pair_tree_sum(k * k)
-    eps = torch.tensor(rms_norm_eps, dtype=torch.float32, device=k.device)
+    eps = torch.full_like(sum_sq, rms_norm_eps)  # eps as float32, added in float32
     inv_rms = _div_rn(torch.ones_like(sum_sq), _sqrt_rn(sum_sq * (1.0 / HEAD_DIM) + eps))
     k = round_to_bf16(k * inv_rms[:, None] * rms_norm_weight.float()[None, :])
 

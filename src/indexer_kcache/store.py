@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 
 import torch
@@ -125,19 +124,21 @@ def store_settings(num_tokens: int, compress_ratio: int, interpreted: bool
                    ) -> tuple[int, int, bool]:
     """(lane pairs per program, warps per program, eager key loads) for a launch.
 
-    Deterministic in its inputs; chosen from ``benchmarks/tune_store.py`` on an H200.
-    Small launches are latency-bound: one or two tokens per program, the key row loaded
-    with the slot. Large ones are bandwidth-bound: 16 tokens per warp, two warps.
+    Deterministic in its inputs; chosen with ``benchmarks/tune_store.py`` on an H200.
+    Small launches are latency-bound: few tokens per program, the key row loaded with the
+    slot. Large ones are bandwidth-bound: 16 tokens (or token pairs) per warp.
     """
     if interpreted:
         return 64, 1, False  # the interpreter's cost is per program: fewer, larger programs
-    if num_tokens <= 64:
+    if num_tokens <= 64 or (compress_ratio == 2 and num_tokens <= 1024):
         return 1, 1, True
     if num_tokens <= 1024:
         return 2, 1, True
     if num_tokens <= 8192:
-        return 8, 1, True
-    return 32, 2, compress_ratio == 1
+        return 4, 1, True
+    if num_tokens <= 65536:
+        return 64, 4, True
+    return 32, 2, True
 
 
 def _int_kinds(*values: int) -> tuple[bool, ...]:
@@ -166,22 +167,29 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     if INTERPRETED:
         indexer_k_store_kernel[(grid,)](*args, num_warps=num_warps)
         return
-    device = k_cache.device.index
+    device = k_cache.get_device()
     key = (block_t, num_warps, eager_loads, device, *_int_kinds(max_pos, num_slots, num_tokens),
-           *(t.data_ptr() % 16 == 0 for t in (k_pre, positions, cos_sin_cache, rms_norm_weight,
-                                               k_cache, kv_slot_mapping)))
+           k_pre.data_ptr() % 16 == 0, positions.data_ptr() % 16 == 0,
+           cos_sin_cache.data_ptr() % 16 == 0, rms_norm_weight.data_ptr() % 16 == 0,
+           k_cache.data_ptr() % 16 == 0, kv_slot_mapping.data_ptr() % 16 == 0)
     compiled = plan.launches.get(key)
-    switch = device != torch.cuda.current_device()
-    with torch.cuda.device(device) if switch else contextlib.nullcontext():
-        if compiled is None:
-            plan.launches[key] = indexer_k_store_kernel[(grid,)](
-                *args, num_warps=num_warps, enable_fp_fusion=False)
-        else:  # what JITFunction.run does once the kernel is found (Triton 3.6 to 3.9)
-            stream = torch._C._cuda_getCurrentRawStream(device)
-            enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-            compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
-                         compiled.launch_metadata((grid, 1, 1), stream, *args), enter, leave,
-                         *args)
+    if device != torch._C._cuda_getDevice():
+        with torch.cuda.device(device):
+            _launch(compiled, plan, key, grid, num_warps, device, args)
+    else:
+        _launch(compiled, plan, key, grid, num_warps, device, args)
+
+
+def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int, device: int,
+            args: tuple) -> None:
+    if compiled is None:
+        plan.launches[key] = indexer_k_store_kernel[(grid,)](
+            *args, num_warps=num_warps, enable_fp_fusion=False)
+    else:  # what JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9)
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata((grid, 1, 1), stream, *args),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
 
 
 _PLANS: dict[tuple, StorePlan] = {}
@@ -212,14 +220,20 @@ def store_impl(
     args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
             kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle,
             backend, check_bounds)
-    key = _plan_key(*args)
-    plan = _PLANS.get(key)
-    num_tokens = kv_slot_mapping.shape[0]
-    if plan is None or k_pre.shape[0] < num_tokens or positions.shape[0] < num_tokens:
+    try:
+        key = _plan_key(*args)
+        plan = _PLANS.get(key)
+        num_tokens = kv_slot_mapping.shape[0]
+        if k_pre.shape[0] < num_tokens or positions.shape[0] < num_tokens:
+            plan = None  # the checks below name the short tensor
+    except (AttributeError, IndexError, TypeError):  # not even tensors: the checks explain
+        key, plan = None, None
+    if plan is None:
         plan = plan_store(*args)  # raises on any bad argument
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
     if check_bounds:
         check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio)
     if kv_slot_mapping.shape[0] == 0:
@@ -267,6 +281,14 @@ def indexer_k_norm_rope_store(
     """
     args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
             kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
+    if (type(k_cache) is torch.Tensor and type(k_pre) is torch.Tensor
+            and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._is_torch_function_mode_enabled()):
+        # Plain eager call: run the op's own implementation without the dispatcher's
+        # boxing (several microseconds per call). Anything that traces or compiles
+        # (torch.compile, fake or functional tensors, dispatch modes) goes through the op.
+        store_impl(*args, mx_scales, shuffle, backend, check_bounds)
+        return
     try:
         torch.ops.indexer_kcache.indexer_k_norm_rope_store(
             *args, mx_scales=mx_scales, shuffle=shuffle, backend=backend,
