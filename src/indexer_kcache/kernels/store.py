@@ -125,13 +125,14 @@ def _load_index(ptr, t, in_range):
 
 @triton.jit
 def _norm_rope_quant_store(
-    lo, hi, slot, pos, write,
-    cos_sin_ptr, cos_sin_row_stride, weight_ptr, eps, cache_ptr, page_stride,
+    lo, hi, slot, pos, write, w_lo, w_hi,
+    cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
     COMPRESS_RATIO: tl.constexpr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
     LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, EXACT_CASTS: tl.constexpr,
 ):
-    """Everything after the key rows are loaded, for BLOCK_T tokens (one per lane pair)."""
+    """Everything after the key rows are loaded, for BLOCK_T tokens (one per lane pair).
+    ``w_lo``/``w_hi`` are the weight's halves, or their addresses when BLOCK_T > 8."""
     VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
     element = _index(32, 8, 8)  # within a half
     group_pos = pos - pos % COMPRESS_RATIO
@@ -145,10 +146,13 @@ def _norm_rope_quant_store(
     # RMS norm (level 7 of the sum tree adds the halves), then GPT-J RoPE on the high half.
     sum_sq = _half_sum_of_squares(lo_x, lo_y) + _half_sum_of_squares(hi_x, hi_y)
     inv_rms = _per_token(tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps)))
-    w_x, w_y = _split_pairs(tl.load(weight_ptr + element))
+    if BLOCK_T > 8:
+        w_lo = tl.load(w_lo)
+        w_hi = tl.load(w_hi)
+    w_x, w_y = _split_pairs(w_lo)
     lo_x = round_to_bf16(lo_x * inv_rms * w_x, EXACT_CASTS)
     lo_y = round_to_bf16(lo_y * inv_rms * w_y, EXACT_CASTS)
-    w_x, w_y = _split_pairs(tl.load(weight_ptr + 64 + element))
+    w_x, w_y = _split_pairs(w_hi)
     hi_x = round_to_bf16(hi_x * inv_rms * w_x, EXACT_CASTS)
     hi_y = round_to_bf16(hi_y * inv_rms * w_y, EXACT_CASTS)
     hi_x, hi_y = (round_to_bf16(hi_x * cos - hi_y * sin, EXACT_CASTS),
@@ -227,6 +231,14 @@ def indexer_k_store_kernel(
     tl.static_assert(LAYOUT != 2 or BLOCK_SIZE % N_PER_TILE == 0)
     tl.static_assert(LAYOUT != 1 or BLOCK_SIZE % 16 == 0)
     element = _index(32, 8, 8)  # within a half
+    # Latency-bound launches (few tokens per program) start the weight's load first, off
+    # the critical path; bandwidth-bound ones pass its addresses and load it where it is
+    # used, so that it does not hold registers for the whole program.
+    w_lo = weight_ptr + element
+    w_hi = weight_ptr + 64 + element
+    if BLOCK_T <= 8:
+        w_lo = tl.load(w_lo)
+        w_hi = tl.load(w_hi)
     # Token indices are int64 so that every address below is computed in 64 bits.
     lane = tl.arange(0, BLOCK_T).to(tl.int64)
     if COMPRESS_RATIO == 1:
@@ -242,8 +254,8 @@ def indexer_k_store_kernel(
         if not EAGER_LOADS:
             lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
             hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
-        _norm_rope_quant_store(lo, hi, slot, pos, write, cos_sin_ptr, cos_sin_row_stride,
-                               weight_ptr, eps, cache_ptr, page_stride, COMPRESS_RATIO, USE_FP4,
+        _norm_rope_quant_store(lo, hi, slot, pos, write, w_lo, w_hi, cos_sin_ptr,
+                               cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO, USE_FP4,
                                MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
     else:
         t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
@@ -260,8 +272,8 @@ def indexer_k_store_kernel(
         lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
         hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
         _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
-                               tl.where(write_odd, pos_odd, pos_even), write, cos_sin_ptr,
-                               cos_sin_row_stride, weight_ptr, eps, cache_ptr, page_stride,
+                               tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
+                               cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
                                COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                                BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
         both = write_odd & write_even
@@ -269,7 +281,7 @@ def indexer_k_store_kernel(
             row_ptr = k_pre_ptr + _per_token(t_even) * k_pre_row_stride + element
             lo = tl.load(row_ptr, mask=_per_token(both), other=0.0)
             hi = tl.load(row_ptr + 64, mask=_per_token(both), other=0.0)
-            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, cos_sin_ptr,
-                                   cos_sin_row_stride, weight_ptr, eps, cache_ptr, page_stride,
+            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi, cos_sin_ptr,
+                                   cos_sin_row_stride, eps, cache_ptr, page_stride,
                                    COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                                    BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
