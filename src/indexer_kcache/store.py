@@ -35,7 +35,7 @@ def exact_casts_needed(device: torch.device) -> bool:
     Native e4m3 conversion exists on NVIDIA sm_89 and newer; elsewhere (the interpreter,
     ROCm, older NVIDIA) the portable conversions are the ones known to be exact.
     """
-    if device.type != "cuda" or torch.version.hip is not None:
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
         return True
     return torch.cuda.get_device_capability(device) < (8, 9)
 
@@ -209,6 +209,7 @@ def _plan_key(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_
         k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device,
         kv_slot_mapping.dtype, kv_slot_mapping.stride(), kv_slot_mapping.device,
         compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend,
+        check_bounds,
     )
 
 

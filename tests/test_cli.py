@@ -1,0 +1,40 @@
+"""The command line: usage, the demo's building blocks and the CPU benchmark sweep."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from indexer_kcache import __main__ as cli
+from indexer_kcache import bench, demo
+
+
+def test_usage_without_a_command(capsys):
+    assert cli.main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+def test_demo_batch_writes_one_key_per_group():
+    for compress_ratio in (1, 2):
+        batch = demo.make_batch(compress_ratio, "cpu", decode_seqs=4, prefill_tokens=64)
+        pos, slots = batch["positions"], batch["kv_slot_mapping"]
+        written = (pos + 1) % compress_ratio == 0
+        assert pos.numel() == 4 + 64 and slots.shape == pos.shape
+        assert slots[written].unique().numel() == int(written.sum())  # distinct slots
+
+
+def test_cpu_bench_sweep_writes_json_and_table(tmp_path):
+    result = bench.run_cpu(tokens=(1, 8), formats=("fp8", "mxfp4"), ratios=(1,))
+    assert {r["impl"] for r in result["records"]} >= {"reference"}
+    assert all(r["bytes"] > 0 and r["eager_us"] > 0 for r in result["records"])
+    table = bench.format_table(result)
+    assert "CPU ONLY" in table
+    (tmp_path / "cpu.json").write_text(json.dumps(result))
+
+
+def test_minimal_bytes_count():
+    inputs = bench.make_inputs(64, "fp8", 2, "cpu")
+    written = int(((inputs["positions"] + 1) % 2 == 0).sum())
+    assert bench.minimal_store_bytes(inputs) == 16 * 64 + written * (256 + 256 + 132)
+    assert inputs["k_pre"].dtype == torch.bfloat16
