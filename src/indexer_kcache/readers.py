@@ -41,11 +41,14 @@ def _check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slot
 def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, block_table=None,
             cu_seq_lens=None, num_rows, max_seq_len=0, mx_scales=False, dequantize=False):
     device = k_cache.device
-    byte_rows, key_rows = (0, num_rows) if dequantize else (num_rows, 0)  # one output is used
-    values = torch.empty((byte_rows, layout.value_bytes(use_fp4_cache)), dtype=torch.uint8,
-                         device=device)
-    scales = torch.empty((byte_rows, layout.SCALE_BYTES), dtype=torch.uint8, device=device)
-    keys = torch.empty((key_rows, layout.HEAD_DIM), dtype=torch.float32, device=device)
+    if dequantize:
+        keys = torch.empty((num_rows, layout.HEAD_DIM), dtype=torch.float32, device=device)
+        values = scales = keys  # not written: the kernel's gather branch is compiled out
+    else:
+        values = torch.empty((num_rows, layout.value_bytes(use_fp4_cache)), dtype=torch.uint8,
+                             device=device)
+        scales = torch.empty((num_rows, layout.SCALE_BYTES), dtype=torch.uint8, device=device)
+        keys = values  # not written: the kernel's dequantize branch is compiled out
     if num_rows == 0:
         return keys if dequantize else (values, scales)
     block_r = 64 if INTERPRETED else 32
