@@ -33,13 +33,11 @@ FP8_VALUE_BYTES = HEAD_DIM
 MXFP4_VALUE_BYTES = HEAD_DIM // 2
 MXFP4_GROUP = 32
 TILE_TOKENS = 16
-TILE_BYTES = 16
 MXFP4_TILE_CHOICES = (16, 32, 64)
 
 ROW_MAJOR = 0
 FP8_TILED = 1
 MXFP4_PRESHUFFLE = 2
-LAYOUT_NAMES = {ROW_MAJOR: "row-major", FP8_TILED: "fp8-tiled", MXFP4_PRESHUFFLE: "mxfp4-preshuffle"}
 
 
 def value_bytes(use_fp4_cache: bool) -> int:

@@ -31,13 +31,6 @@ def round_to_bf16(x, EXACT_CASTS: tl.constexpr):
 
 
 @triton.jit
-def ceil_log2(q):
-    """ceil(log2(q)) for positive normal float32 q, from its exponent and mantissa bits."""
-    bits = q.to(tl.int32, bitcast=True)
-    return ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-
-
-@triton.jit
 def ceil_log2_of_ratio(amax, LIMIT: tl.constexpr):
     """ceil(log2(amax / LIMIT)) for LIMIT = 448 or 6, without the division.
 

@@ -1,7 +1,8 @@
 """The fused norm -> RoPE -> quantize -> paged store kernel.
 
-One program handles ``BLOCK_T`` consecutive tokens. Formats and layouts are compile-time
-flags; every cache offset comes from ``layout``.
+One program handles ``BLOCK_T`` consecutive tokens (``BLOCK_T`` token pairs when
+``compress_ratio`` is 2). Formats and layouts are compile-time flags; every cache offset
+comes from ``layout``.
 """
 
 import triton
