@@ -28,16 +28,6 @@ def _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend, check_boun
     return layout_code, n_per_tile, checks.resolve_backend(backend, k_cache.device)
 
 
-def _check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots") -> None:
-    if slots.numel() == 0:
-        return
-    bad = ((slots < 0) | (slots >= num_slots)).nonzero()
-    if bad.numel():
-        first = int(bad[0, 0])
-        raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
-                         f"[0, {num_slots})")
-
-
 def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, block_table=None,
             cu_seq_lens=None, num_rows, max_seq_len=0, mx_scales=False, dequantize=False):
     device = k_cache.device
@@ -99,7 +89,7 @@ def gather_impl(k_cache, slots, use_fp4_cache, shuffle=None, mxfp4_n_per_tile=0,
     if backend == "reference":
         return reference.gather(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
     if check_bounds:
-        _check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
+        reference.check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
     return _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, slots=slots,
                    num_rows=slots.shape[0])
 
@@ -129,7 +119,7 @@ def gather_by_blocks_impl(k_cache, block_table, cu_seq_lens, use_fp4_cache, shuf
     num_rows = int(cu[-1]) if cu.numel() else 0
     max_len = int(lengths.max()) if lengths.numel() else 0
     if check_bounds and num_rows:
-        _check_slots_in_range(
+        reference.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, block_size),
             k_cache.shape[0] * block_size, "slots of the sequences")
     return _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, block_table=block_table,
@@ -149,7 +139,7 @@ def dequantize_impl(k_cache, slots, use_fp4_cache, mx_scales=None, shuffle=None,
         values, scales = reference.gather(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
         return reference.dequantize(values, scales, use_fp4_cache, mx_scales)
     if check_bounds:
-        _check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
+        reference.check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
     return _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, slots=slots,
                    num_rows=slots.shape[0], mx_scales=mx_scales and not use_fp4_cache,
                    dequantize=True)

@@ -205,18 +205,21 @@ def store(
 
 
 # ----------------------------------------------------------------------------- readers
+def check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots") -> None:
+    """IndexError naming the first slot outside ``[0, num_slots)`` (synchronises)."""
+    bad = ((slots < 0) | (slots >= num_slots)).nonzero()
+    if bad.numel():
+        first = int(bad[0, 0])
+        raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
+                         f"[0, {num_slots})")
+
+
 def gather(
     k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row ``i`` holds the value and scale bytes stored for ``slots[i]``, token-major."""
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
     slots = slots.reshape(-1).long()
-    bad = (slots < 0) | (slots >= num_slots)
-    if bool(bad.any()):
-        first = int(bad.nonzero()[0, 0])
-        raise IndexError(
-            f"slots[{first}] = {int(slots[first])} is outside the cache's slots [0, {num_slots})"
-        )
+    check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
     value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
     flat = cache_bytes(k_cache)
     return flat[value_at].contiguous(), flat[scale_at].contiguous()
