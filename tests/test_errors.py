@@ -131,3 +131,22 @@ def test_no_asserts_for_validation():
         tree = ast.parse(path.read_text())
         asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
         assert not asserts, f"{path.name}: assert at lines {asserts}"
+
+
+def test_strided_vector_rejected_after_a_one_element_call_with_that_stride():
+    """A one-element vector may have any stride; a cached plan for it must not let a longer
+    vector with the same stride through."""
+    case = make_case(10, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
+    cache = case.new_cache()
+    for name in ("positions", "kv_slot_mapping"):
+        vector = case.positions if name == "positions" else case.slots
+        strided = torch.repeat_interleave(vector[:10], 5)[::5]  # stride 5, same values
+        short = dict(positions=case.positions, kv_slot_mapping=case.slots[:1])
+        short[name] = strided[:1]
+        args = _replace(case.args(cache), **short)
+        ik.indexer_k_norm_rope_store(*args)
+        before = pages(cache).clone()
+        args = _replace(case.args(cache), **{name: strided})
+        with pytest.raises(ValueError, match=rf"{name}.stride\(0\)"):
+            ik.indexer_k_norm_rope_store(*args)
+        assert torch.equal(pages(cache), before)

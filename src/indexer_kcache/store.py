@@ -196,18 +196,24 @@ _PLANS: dict[tuple, StorePlan] = {}
 _MAX_PLANS = 4096
 
 
+def _vector_layout(t: torch.Tensor) -> tuple:
+    # ``checks.check_index_vector`` ignores the stride of a vector of at most one element:
+    # such a plan must not be reused for a longer vector with that stride.
+    return t.stride() if t.numel() > 1 else (t.dim(), None)
+
+
 def _plan_key(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
               kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
               shuffle, backend, check_bounds) -> tuple:
     """Every property ``plan_store`` checks, except the sizes that depend on the token count."""
     return (
         k_pre.dtype, k_pre.shape[1:], k_pre.stride(), k_pre.device,
-        positions.dtype, positions.stride(), positions.device,
+        positions.dtype, _vector_layout(positions), positions.device,
         cos_sin_cache.dtype, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.device,
         rms_norm_weight.dtype, rms_norm_weight.shape, rms_norm_weight.stride(),
         rms_norm_weight.device, type(rms_norm_eps),
         k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device,
-        kv_slot_mapping.dtype, kv_slot_mapping.stride(), kv_slot_mapping.device,
+        kv_slot_mapping.dtype, _vector_layout(kv_slot_mapping), kv_slot_mapping.device,
         compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend,
         check_bounds,
     )
