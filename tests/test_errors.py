@@ -105,7 +105,11 @@ def layout_errors():
         ("backend-name", False, 16, dict(backend="cuda"), ValueError, "backend"),
         ("shuffle-type", False, 16, dict(shuffle="yes"), TypeError, "shuffle"),
         ("mx-scales-type", False, 16, dict(mx_scales="no"), TypeError, "mx_scales"),
-    ]
+        ("enable-pdl-type", False, 16, dict(enable_pdl=1), TypeError, "enable_pdl"),
+    ] + ([] if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0) else [
+        ("enable-pdl-unsupported", False, 16, dict(enable_pdl=True), NotImplementedError,
+         "enable_pdl"),
+    ])
 
 
 @pytest.mark.parametrize("name, fp4, block_size, options, error, words", layout_errors(),

@@ -14,7 +14,8 @@ from .cases import DEVICE
 
 
 @triton.jit
-def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr):
+def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr,
+           SCALE_EXP: tl.constexpr = 0):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0)
@@ -25,7 +26,7 @@ def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.c
     elif OP == 2:
         y = numerics.e4m3_to_float(x)
     elif OP == 3:
-        y = numerics.e2m1_code(x)
+        y = numerics.e2m1_code(x, tl.zeros_like(x.to(tl.int32)) + SCALE_EXP, EXACT)
     elif OP == 6:
         y = numerics.ceil_log2_of_ratio(tl.maximum(x, numerics.FP8_AMAX_FLOOR), 448.0)
     elif OP == 7:
@@ -35,11 +36,13 @@ def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.c
     tl.store(out_ptr + offs, y, mask=mask)
 
 
-def apply(op: int, x: torch.Tensor, out_dtype: torch.dtype, exact: bool = True) -> torch.Tensor:
+def apply(op: int, x: torch.Tensor, out_dtype: torch.dtype, exact: bool = True,
+          scale_exp: int = 0) -> torch.Tensor:
     x = x.to(DEVICE)
     out = torch.empty(x.shape, dtype=out_dtype, device=DEVICE)
     block = 1024
-    _apply[(triton.cdiv(x.numel(), block),)](x, out, x.numel(), OP=op, EXACT=exact, BLOCK=block)
+    _apply[(triton.cdiv(x.numel(), block),)](x, out, x.numel(), OP=op, EXACT=exact, BLOCK=block,
+                                             SCALE_EXP=scale_exp)
     return out.cpu()
 
 
@@ -87,12 +90,21 @@ def test_e4m3_decoding_every_code():
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
-def test_e2m1_thresholds():
-    x = torch.tensor([0, 0.25, 0.2500001, 0.75, 0.7499999, 1.25, 1.2500001, 1.75, 1.7499999,
-                      2.5, 2.5000002, 3.5, 3.4999998, 5.0, 5.0000005, 6.0, 100.0])
-    want = torch.tensor([0, 0, 1, 2, 1, 2, 3, 4, 3, 4, 5, 6, 5, 6, 7, 7, 7], dtype=torch.int32)
-    assert torch.equal(apply(3, x, torch.int32), want)
-    assert torch.equal(apply(3, -x[1:], torch.int32), want[1:] | 8)
+@pytest.mark.parametrize("scale_exp", [0, -126, 126, 7], ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
+def test_e2m1_encoding_of_every_bf16_up_to_6(exact, scale_exp):
+    """What the store encodes: bf16 values x with |x| * 2**-e <= 6. Every bf16 value in
+    [-6, 6] times 2**e (each threshold, tie and neighbour among them), and smaller ones down
+    to the float32 subnormals, against the reference's threshold chain on x * 2**-e."""
+    bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).float()
+    big = x[x.abs() >= 1]
+    x = torch.cat([x, big * torch.exp2(-torch.randint(0, 150, (big.numel(),)).float()),
+                   torch.tensor([2.0**-149, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])])
+    x = torch.cat([x, -x]).double() * 2.0**scale_exp
+    x = x[x.abs() < 3.4e38].float()
+    want = reference.e2m1_codes(x * reference.pow2(torch.tensor(-scale_exp)))
+    assert torch.equal(apply(3, x, torch.int32, exact, scale_exp), want)
 
 
 def test_e2m1_decoding_every_code():

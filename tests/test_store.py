@@ -193,3 +193,20 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
         want = run_store(case, "reference")
         got = run_store(case, "triton")
         assert_same_bytes(got, want, "triton vs reference")
+
+
+GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, interpreted=False)
+                       for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)})
+
+
+@pytest.mark.parametrize("setting", GPU_SETTINGS, ids=lambda s: "{}x{}{}".format(*s[:2], "-eager" * s[2]))
+@pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
+def test_every_gpu_launch_setting(fp4, compress_ratio, setting, monkeypatch):
+    """Each (tokens per program, warps, eager loads) the GPU launcher can pick, whatever the
+    machine running the tests (the interpreter would otherwise use one setting only)."""
+    monkeypatch.setattr(ik.store, "store_settings", lambda n, cr, interpreted: setting)
+    case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
+                     num_blocks=5)
+    want = run_store(case, "reference")
+    assert_same_bytes(run_store(case, "triton"), want, f"setting {setting}")

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import layout, reference
-from .store import indexer_k_norm_rope_store
+from .store import indexer_k_norm_rope_store, pdl_supported
 
 FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
 GPU_TOKENS = (1, 64, 512, 4096, 32768, 262144)
@@ -43,6 +43,7 @@ class Record:
     eager_us: float | None
     bytes: int
     op: str = "store"  # or "gather" / "dequantize" (the readers)
+    graph_us_no_pdl: float | None = None  # the store with enable_pdl=False, where PDL exists
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -80,11 +81,13 @@ def minimal_store_bytes(inputs: dict) -> int:
     return 16 * tokens + written * per_written
 
 
-def store_call(inputs: dict, mx_scales: bool, backend: str | None = None) -> Callable[[], None]:
+def store_call(inputs: dict, mx_scales: bool, backend: str | None = None,
+               **options) -> Callable[[], None]:
     args = [inputs[k] for k in ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight",
                                 "rms_norm_eps", "k_cache", "kv_slot_mapping", "compress_ratio",
                                 "use_fp4_cache")]
-    return lambda: indexer_k_norm_rope_store(*args, mx_scales=mx_scales, backend=backend)
+    return lambda: indexer_k_norm_rope_store(*args, mx_scales=mx_scales, backend=backend,
+                                             **options)
 
 
 def torch_store_dense(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
@@ -209,15 +212,17 @@ def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int
     result["empty_launch_graph_us"], result["empty_launch_eager_us"] = empty_launch_us(calls)
     records, mismatches = [], []
     cases = [(f, cr, t) for f in formats for cr in ratios for t in tokens]
+    pdl = pdl_supported(device)
     for fmt, cr, t in _progress(cases, "store"):
         inputs = make_inputs(t, fmt, cr, device)
         mx = FORMATS[fmt][1]
         if not check_store_bytes(inputs, mx):
             mismatches.append(f"{fmt} cr{cr} {t}")
         fn = store_call(inputs, mx)
+        no_pdl_us = graph_time_us(store_call(inputs, mx, enable_pdl=False), calls) if pdl else None
         records.append(Record("indexer_kcache", fmt, cr, t, graph_time_us(fn, calls),
                               eager_time_us(fn, calls, torch.cuda.synchronize),
-                              minimal_store_bytes(inputs)))
+                              minimal_store_bytes(inputs), graph_us_no_pdl=no_pdl_us))
         del inputs, fn
     if peers:
         records += run_peers(device, formats, peer_tokens, calls)
@@ -302,14 +307,16 @@ def format_table(result: dict) -> str:
     else:
         lines.append(f"CPU ONLY ({result['cpu']}), torch {result['torch']}: {result['note']}")
     lines.append(f"{'op':10} {'impl':18} {'format':7} {'cr':>2} {'tokens':>7} {'graph us':>9} "
-                 f"{'eager us':>9} {'GB/s':>7} {'% copy':>7}")
+                 f"{'eager us':>9} {'GB/s':>7} {'% copy':>7} {'no-PDL us':>9}")
     for r in result["records"] + result.get("readers", []):
         t = r["graph_us"] if r["graph_us"] is not None else r["eager_us"]
         gbps = r["bytes"] / t / 1e3 if t else 0.0
         pct = f"{100 * gbps / copy:6.1f}%" if copy else "      -"
         graph = f"{r['graph_us']:9.2f}" if r["graph_us"] is not None else "        -"
+        no_pdl = r.get("graph_us_no_pdl")
+        no_pdl = f"{no_pdl:9.2f}" if no_pdl is not None else "        -"
         lines.append(f"{r['op']:10} {r['impl']:18} {r['format']:7} {r['compress_ratio']:>2} "
-                     f"{r['tokens']:>7} {graph} {r['eager_us']:9.2f} {gbps:7.0f} {pct}")
+                     f"{r['tokens']:>7} {graph} {r['eager_us']:9.2f} {gbps:7.0f} {pct} {no_pdl}")
     if result.get("byte_mismatches"):
         lines.append("BYTES DIFFER FROM THE REFERENCE: " + ", ".join(result["byte_mismatches"]))
     return "\n".join(lines)
@@ -335,6 +342,9 @@ def plot(result: dict, path: str) -> bool:
                 label=f"{impl} {fmt} cr{cr}")
     fp8 = sorted((r for r in store if r["impl"] == "indexer_kcache" and r["format"] == "fp8"
                   and r["compress_ratio"] == 1), key=lambda r: r["tokens"])
+    if all(r.get("graph_us_no_pdl") for r in fp8):
+        ax.plot([r["tokens"] for r in fp8], [r["graph_us_no_pdl"] for r in fp8], ":o", ms=3,
+                color="tab:blue", label="indexer_kcache fp8 cr1, enable_pdl=False")
     floor = [(r["tokens"], r["bytes"] / result["copy_GBps"] / 1e3) for r in fp8]
     floor = [(t, us) for t, us in floor if us >= 0.05]  # below that it only squashes the plot
     ax.plot([t for t, _ in floor], [us for _, us in floor], "k:",

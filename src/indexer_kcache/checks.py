@@ -24,6 +24,10 @@ def fail_value(name: str, expected: str, got: object) -> None:
     raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
+def fail_unsupported(name: str, expected: str, got: object) -> None:
+    raise NotImplementedError(f"{name}: expected {expected}, got {got}")
+
+
 def check_dtype(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> None:
     if not isinstance(t, torch.Tensor):
         fail_type(name, "a torch.Tensor", type(t).__name__)

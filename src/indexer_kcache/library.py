@@ -17,7 +17,7 @@ _lib.define(
     "indexer_k_norm_rope_store(Tensor k_pre, Tensor positions, Tensor cos_sin_cache, "
     "Tensor rms_norm_weight, float rms_norm_eps, Tensor(a!) k_cache, Tensor kv_slot_mapping, "
     "int compress_ratio, bool use_fp4_cache, int mxfp4_n_per_tile=0, *, bool? mx_scales=None, "
-    "bool? shuffle=None, str? backend=None, bool check_bounds=False) -> ()"
+    "bool? shuffle=None, str? backend=None, bool check_bounds=False, bool? enable_pdl=None) -> ()"
 )
 _lib.impl("indexer_k_norm_rope_store", store.store_impl, "CompositeExplicitAutograd")
 
@@ -25,10 +25,10 @@ _lib.impl("indexer_k_norm_rope_store", store.store_impl, "CompositeExplicitAutog
 @torch.library.register_fake(f"{NAMESPACE}::indexer_k_norm_rope_store", lib=_lib)
 def _store_fake(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                 kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, *,
-                mx_scales=None, shuffle=None, backend=None, check_bounds=False):
+                mx_scales=None, shuffle=None, backend=None, check_bounds=False, enable_pdl=None):
     store.plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                      kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile,
-                     mx_scales, shuffle, backend, check_bounds)
+                     mx_scales, shuffle, backend, check_bounds, enable_pdl)
 
 _READER_OPTIONS = "bool? shuffle=None, int mxfp4_n_per_tile=0, str? backend=None, bool check_bounds=True"
 _lib.define(f"gather_indexer_k(Tensor k_cache, Tensor slots, bool use_fp4_cache, *, "

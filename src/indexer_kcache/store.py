@@ -21,7 +21,7 @@ class StorePlan:
     """Everything about a call that does not change while its tensors' metadata doesn't."""
 
     __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
-                 "compress_ratio", "block_size", "exact_casts", "launches")
+                 "compress_ratio", "block_size", "exact_casts", "pdl", "launches")
 
     def __init__(self, **fields):
         self.launches = {}  # specialization key -> compiled kernel (see launch_store)
@@ -40,14 +40,23 @@ def exact_casts_needed(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) < (8, 9)
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: NVIDIA sm_90 and newer, compiled kernels only."""
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def plan_store(
     k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
     compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
+    enable_pdl=None,
 ) -> StorePlan:
     """Check every argument; return how to run the call. Raises before touching k_cache."""
     checks.check_flag("use_fp4_cache", use_fp4_cache)
     checks.check_flag("mx_scales", mx_scales, allow_none=True)
     checks.check_flag("check_bounds", check_bounds)
+    checks.check_flag("enable_pdl", enable_pdl, allow_none=True)
     checks.check_dtype("k_pre", k_pre, K_PRE_DTYPES)
     if k_pre.dim() != 2 or k_pre.shape[1] != layout.HEAD_DIM:
         fail_value("k_pre", f"shape [num_tokens, {layout.HEAD_DIM}]", f"shape {tuple(k_pre.shape)}")
@@ -87,6 +96,10 @@ def plan_store(
     block_size = k_cache.shape[1]
     layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, shuffle, block_size,
                                                     mxfp4_n_per_tile, device)
+    pdl = pdl_supported(device)
+    if enable_pdl and not pdl:
+        checks.fail_unsupported("enable_pdl", "False or None on this device (PDL needs an "
+                                "NVIDIA GPU of compute capability 9.0 or newer)", enable_pdl)
     return StorePlan(
         backend=checks.resolve_backend(backend, device),
         use_fp4_cache=use_fp4_cache,
@@ -97,6 +110,7 @@ def plan_store(
         compress_ratio=compress_ratio,
         block_size=block_size,
         exact_casts=exact_casts_needed(device),
+        pdl=pdl if enable_pdl is None else enable_pdl,
     )
 
 
@@ -136,9 +150,10 @@ def store_settings(num_tokens: int, compress_ratio: int, interpreted: bool
         return 2, 1, True
     if num_tokens <= 8192:
         return 4, 1, True
+    eager = compress_ratio == 1  # with ratio 2, pair tokens and skip the rows of the skipped
     if num_tokens <= 65536:
-        return 64, 4, True
-    return 32, 2, True
+        return 64, 4, eager
+    return 32, 2, eager
 
 
 def _int_kinds(*values: int) -> tuple[bool, ...]:
@@ -154,7 +169,8 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
     block_t, num_warps, eager_loads = store_settings(num_tokens, plan.compress_ratio, INTERPRETED)
-    grid = -(-num_tokens // (block_t * plan.compress_ratio))
+    tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
+    grid = -(-num_tokens // tokens_per_program)
     max_pos = cos_sin_cache.shape[0]
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     args = (
@@ -162,7 +178,7 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), num_slots,
         kv_slot_mapping, num_tokens,
         plan.compress_ratio, plan.use_fp4_cache, plan.mx_scales, plan.layout, plan.n_per_tile,
-        plan.block_size, block_t, eager_loads, plan.exact_casts,
+        plan.block_size, block_t, eager_loads, plan.exact_casts, plan.pdl,
     )
     if INTERPRETED:
         indexer_k_store_kernel[(grid,)](*args, num_warps=num_warps)
@@ -184,7 +200,7 @@ def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int, de
             args: tuple) -> None:
     if compiled is None:
         plan.launches[key] = indexer_k_store_kernel[(grid,)](
-            *args, num_warps=num_warps, enable_fp_fusion=False)
+            *args, num_warps=num_warps, enable_fp_fusion=False, launch_pdl=plan.pdl)
     else:  # what JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9)
         stream = torch._C._cuda_getCurrentRawStream(device)
         compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
@@ -204,7 +220,7 @@ def _vector_layout(t: torch.Tensor) -> tuple:
 
 def _plan_key(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
               kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
-              shuffle, backend, check_bounds) -> tuple:
+              shuffle, backend, check_bounds, enable_pdl) -> tuple:
     """Every property ``plan_store`` checks, except the sizes that depend on the token count."""
     return (
         k_pre.dtype, k_pre.shape[1:], k_pre.stride(), k_pre.device,
@@ -215,18 +231,18 @@ def _plan_key(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_
         k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device,
         kv_slot_mapping.dtype, _vector_layout(kv_slot_mapping), kv_slot_mapping.device,
         compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend,
-        check_bounds,
+        check_bounds, enable_pdl,
     )
 
 
 def store_impl(
     k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
     compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, mx_scales=None, shuffle=None,
-    backend=None, check_bounds=False,
+    backend=None, check_bounds=False, enable_pdl=None,
 ) -> None:
     args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
             kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle,
-            backend, check_bounds)
+            backend, check_bounds, enable_pdl)
     try:
         key = _plan_key(*args)
         plan = _PLANS.get(key)
@@ -270,6 +286,7 @@ def indexer_k_norm_rope_store(
     shuffle: bool | None = None,
     backend: str | None = None,
     check_bounds: bool = False,
+    enable_pdl: bool | None = None,
 ) -> None:
     """RMS-norm -> RoPE -> quantize -> paged store of the indexer keys; mutates ``k_cache``.
 
@@ -285,6 +302,10 @@ def indexer_k_norm_rope_store(
         backend: ``"triton"``, ``"reference"`` or ``None`` (Triton on GPUs and under
             ``TRITON_INTERPRET=1``, the torch reference otherwise).
         check_bounds: raise ``IndexError`` for out-of-range slots or positions.
+        enable_pdl: programmatic dependent launch: the kernel may be launched while the
+            previous kernel in the stream is still running, and waits for it before reading
+            or writing memory; it also lets the next kernel launch early. ``None`` = on for
+            NVIDIA GPUs of compute capability 9.0 and newer.
     """
     args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
             kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
@@ -294,14 +315,14 @@ def indexer_k_norm_rope_store(
         # Plain eager call: run the op's own implementation without the dispatcher's
         # boxing (several microseconds per call). Anything that traces or compiles
         # (torch.compile, fake or functional tensors, dispatch modes) goes through the op.
-        store_impl(*args, mx_scales, shuffle, backend, check_bounds)
+        store_impl(*args, mx_scales, shuffle, backend, check_bounds, enable_pdl)
         return
     try:
         torch.ops.indexer_kcache.indexer_k_norm_rope_store(
             *args, mx_scales=mx_scales, shuffle=shuffle, backend=backend,
-            check_bounds=check_bounds)
+            check_bounds=check_bounds, enable_pdl=enable_pdl)
     except RuntimeError:
         # The op's schema rejects wrong argument types with a bare RuntimeError before
         # anything runs; name the argument instead.
-        plan_store(*args, mx_scales, shuffle, backend, check_bounds)
+        plan_store(*args, mx_scales, shuffle, backend, check_bounds, enable_pdl)
         raise

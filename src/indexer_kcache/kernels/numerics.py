@@ -88,20 +88,31 @@ def e4m3_to_float(byte):
 
 
 @triton.jit
-def e2m1_code(x):
-    """Scaled float32 -> E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4,
-    6), round to nearest, ties to the even code: the contract's thresholds, by rounding.
+def e2m1_code(x, e, EXACT_CASTS: tl.constexpr):
+    """E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4, 6) of x * 2**-e, round to
+    nearest, ties to the even code: the contract's thresholds. x is a bf16 value (or one
+    times a power of two), e an int32 in [-126, 126] with |x| * 2**-e <= 6; ``e`` may be a
+    smaller tensor that broadcasts against ``x`` (one exponent per MXFP4 group).
 
-    Below 1 the codes are multiples of 0.5: round 2|x| to an integer (0, 1, or 2, which is
-    the code of 1.0). From 1 up, E2M1 is a float with one mantissa bit: round the fp32
-    mantissa to one bit, a carry stepping the exponent, and rebias (127 -> 1).
+    E2M1's step is 0.5 below 2, 1 in [2, 4) and 2 from 4 on. Scaled by 2**-9 / step, the
+    value lands in e4m3's subnormal range, whose codes are the multiples of 2**-9: the fp8
+    conversion rounds n = value / step to an integer, ties to even. Adding the range's
+    first code (0, 2 or 4, times 2**-9; even, so ties stay even) in the same fused
+    multiply-add makes the fp8 code the E2M1 index: one conversion instead of rounding
+    arithmetic. The sum is exact because x has at most 8 significant bits (a float32 with
+    more could round to a tie), and the range tests compare |x| with 2 * 2**e and 4 * 2**e,
+    computed once per exponent, so x itself is never scaled.
     """
-    bits = x.to(tl.uint32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    small = (tl.abs(x) * 2.0 + ROUND_MAGIC).to(tl.uint32, bitcast=True) - ROUND_MAGIC_BITS
-    normal = ((magnitude + (0x1FFFFF + ((magnitude >> 22) & 1))) >> 22) - 252
-    code = tl.minimum(tl.where(magnitude < 0x3F800000, small, normal), 7)  # saturate at 6
-    return (code | ((bits >> 28) & 0x8)).to(tl.int32)
+    unit = pow2(e)  # per exponent: range bounds and the three multipliers
+    below_2 = 2.0 * unit
+    below_4 = 4.0 * unit
+    inv = pow2(-e)
+    a = tl.abs(x)
+    scale = tl.where(a < below_2, inv * 0.00390625,
+                     tl.where(a < below_4, inv * 0.001953125, inv * 0.0009765625))
+    first = tl.where(a < below_2, 0.0, tl.where(a < below_4, 0.00390625, 0.0078125))
+    index = float_to_e4m3(tl.fma(a, scale, first), EXACT_CASTS).to(tl.int32)
+    return index | ((x.to(tl.int32, bitcast=True) >> 28) & 0x8)
 
 
 @triton.jit

@@ -7,6 +7,7 @@ comes from ``layout``.
 
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tl_cuda
 
 from ..layout import scale_offset_tl, value_offset_tl
 from .numerics import (
@@ -102,12 +103,13 @@ def _fp8_codes(x, y, inv_scale, EXACT_CASTS: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_half(x, y):
-    """One half's two MXFP4 groups: (packed E2M1 pairs [2, 2, T, 2, 4], exponents [2, T])."""
+def _mxfp4_half(x, y, EXACT_CASTS: tl.constexpr):
+    """One half's two MXFP4 groups: (packed E2M1 pairs [2, 2, T, 2, 4], exponents [2, T]).
+    The scale 2**e >= amax / 6 bounds every scaled value by 6, as ``e2m1_code`` needs."""
     amax = tl.maximum(_amax_by_group(x, y), MXFP4_AMAX_FLOOR)
     e = tl.minimum(tl.maximum(ceil_log2_of_ratio(amax, MXFP4_MAX), -127), 127)
-    inv_scale = pow2(-e)[:, None, :, None, None]
-    packed = e2m1_code(x * inv_scale) | (e2m1_code(y * inv_scale) << 4)
+    group_e = e[:, None, :, None, None]
+    packed = e2m1_code(x, group_e, EXACT_CASTS) | (e2m1_code(y, group_e, EXACT_CASTS) << 4)
     return packed.to(tl.uint8), e
 
 
@@ -162,8 +164,8 @@ def _norm_rope_quant_store(
     page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
     p = slot % BLOCK_SIZE
     if USE_FP4:
-        lo_packed, lo_e = _mxfp4_half(lo_x, lo_y)
-        hi_packed, hi_e = _mxfp4_half(hi_x, hi_y)
+        lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, EXACT_CASTS)
+        hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, EXACT_CASTS)
         packed_index = _index(16, 4, 4)  # byte within a half
         _store_bytes(page_ptr, p, packed_index, lo_packed, write, BLOCK_SIZE, VALUE_BYTES,
                      LAYOUT, N_PER_TILE)
@@ -209,6 +211,7 @@ def indexer_k_store_kernel(
     BLOCK_T: tl.constexpr,
     EAGER_LOADS: tl.constexpr,
     EXACT_CASTS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
     high bit of the 8-element chunk, token, low bit of the chunk, element). The chunk's
@@ -218,19 +221,27 @@ def indexer_k_store_kernel(
     all but one level of the reductions are in-thread. The high half is the RoPE half;
     a group is an MXFP4 scale block.
 
-    ``compress_ratio`` 1: a program stores BLOCK_T consecutive tokens. ``EAGER_LOADS``
-    issues their key-row loads together with the slot and position loads.
+    ``EAGER_LOADS`` (for latency-bound launches): a program handles BLOCK_T consecutive
+    tokens and issues their key-row loads together with the slot and position loads, so
+    that with ``compress_ratio`` 2 it also reads the rows of tokens it skips.
 
-    ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T pairs and does the
-    work only for the tokens that write, about one per pair: a lane pair takes the odd
-    token of its pair if it writes, else the even one; pairs where both write (positions
-    not consecutive) get a second pass. Rows of skipped tokens are never read.
+    Otherwise, ``compress_ratio`` 1: the same, with each row loaded once its token is known
+    to write. ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T pairs and
+    does the work only for the tokens that write, about one per pair: a lane pair takes the
+    odd token of its pair if it writes, else the even one; pairs where both write
+    (positions not consecutive) get a second pass. Rows of skipped tokens are never read.
+
+    ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
+    kernel in the stream before touching memory, and lets the next one start launching.
     """
     tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
     tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
     tl.static_assert(LAYOUT != 2 or BLOCK_SIZE % N_PER_TILE == 0)
     tl.static_assert(LAYOUT != 1 or BLOCK_SIZE % 16 == 0)
+    if USE_PDL:  # everything below may read what the previous kernel wrote
+        tl_cuda.gdc_wait()
+        tl_cuda.gdc_launch_dependents()
     element = _index(32, 8, 8)  # within a half
     # Latency-bound launches (few tokens per program) start the weight's load first, off
     # the critical path; bandwidth-bound ones pass its addresses and load it where it is
@@ -242,7 +253,7 @@ def indexer_k_store_kernel(
         w_hi = tl.load(w_hi)
     # Token indices are int64 so that every address below is computed in 64 bits.
     lane = tl.arange(0, BLOCK_T).to(tl.int64)
-    if COMPRESS_RATIO == 1:
+    if COMPRESS_RATIO == 1 or EAGER_LOADS:
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + lane
         in_range = t < num_tokens
         row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
