@@ -25,7 +25,7 @@ CANDIDATES = {1: SMALL, 64: SMALL, 512: SMALL, 4096: MID, 32768: LARGE, 262144: 
 
 
 def timed(inputs, fmt, calls, setting, pdl):
-    store.store_settings = lambda n, cr, i: setting
+    store.store_settings = lambda *_: setting
     store.pdl_supported = lambda device: pdl
     store._PLANS.clear()
     ok = bench.check_store_bytes(inputs, bench.FORMATS[fmt][1])

@@ -195,8 +195,9 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
         assert_same_bytes(got, want, "triton vs reference")
 
 
-GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, interpreted=False)
-                       for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)})
+GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False)
+                       for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)
+                       for fp4 in (False, True)})
 
 
 @pytest.mark.parametrize("setting", GPU_SETTINGS, ids=lambda s: "{}x{}{}".format(*s[:2], "-eager" * s[2]))
@@ -205,7 +206,7 @@ GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, interpreted=False)
 def test_every_gpu_launch_setting(fp4, compress_ratio, setting, monkeypatch):
     """Each (tokens per program, warps, eager loads) the GPU launcher can pick, whatever the
     machine running the tests (the interpreter would otherwise use one setting only)."""
-    monkeypatch.setattr(ik.store, "store_settings", lambda n, cr, interpreted: setting)
+    monkeypatch.setattr(ik.store, "store_settings", lambda *_: setting)
     case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
                      num_blocks=5)
     want = run_store(case, "reference")

@@ -134,26 +134,27 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
         )
 
 
-def store_settings(num_tokens: int, compress_ratio: int, interpreted: bool
+def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool
                    ) -> tuple[int, int, bool]:
-    """(lane pairs per program, warps per program, eager key loads) for a launch.
+    """(tokens per program, warps per program, eager key loads) for a launch.
 
-    Deterministic in its inputs; chosen with ``benchmarks/tune_store.py`` on an H200.
-    Small launches are latency-bound: few tokens per program, the key row loaded with the
-    slot. Large ones are bandwidth-bound: 16 tokens (or token pairs) per warp.
+    Deterministic in its inputs; chosen with ``benchmarks/tune_store.py`` on an H200
+    (``benchmarks/results/h200-tune.txt``). Small launches are latency-bound: one or two
+    tokens per program, key rows loaded with the slots and positions. Large ones are
+    bandwidth-bound: 32 tokens per program (32 token pairs with ratio 2, so that the rows
+    of skipped tokens are not read), over 4 warps, or 2 for MXFP4 at the largest sizes,
+    whose extra arithmetic prefers the fewer, busier warps.
     """
     if interpreted:
         return 64, 1, False  # the interpreter's cost is per program: fewer, larger programs
-    if num_tokens <= 64 or (compress_ratio == 2 and num_tokens <= 1024):
+    if num_tokens <= 64:
         return 1, 1, True
     if num_tokens <= 1024:
         return 2, 1, True
     if num_tokens <= 8192:
-        return 4, 1, True
-    eager = compress_ratio == 1  # with ratio 2, pair tokens and skip the rows of the skipped
-    if num_tokens <= 65536:
-        return 64, 4, eager
-    return 32, 2, eager
+        return (8, 1, True) if compress_ratio == 1 else (4, 1, False)
+    warps = 2 if use_fp4 and num_tokens > 65536 else 4
+    return 32, warps, compress_ratio == 1
 
 
 def _int_kinds(*values: int) -> tuple[bool, ...]:
@@ -168,7 +169,8 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compile-time view of pointer alignment and int widths), later ones go straight to the
     compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
-    block_t, num_warps, eager_loads = store_settings(num_tokens, plan.compress_ratio, INTERPRETED)
+    block_t, num_warps, eager_loads = store_settings(num_tokens, plan.compress_ratio,
+                                                      plan.use_fp4_cache, INTERPRETED)
     tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
     grid = -(-num_tokens // tokens_per_program)
     max_pos = cos_sin_cache.shape[0]

@@ -88,29 +88,22 @@ def e4m3_to_float(byte):
 
 
 @triton.jit
-def e2m1_code(x, e, EXACT_CASTS: tl.constexpr):
-    """E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4, 6) of x * 2**-e, round to
-    nearest, ties to the even code: the contract's thresholds. x is a bf16 value (or one
-    times a power of two), e an int32 in [-126, 126] with |x| * 2**-e <= 6; ``e`` may be a
-    smaller tensor that broadcasts against ``x`` (one exponent per MXFP4 group).
+def e2m1_code(x, EXACT_CASTS: tl.constexpr):
+    """E2M1 code (sign << 3 | index into 0, .5, 1, 1.5, 2, 3, 4, 6) of a scaled value
+    |x| <= 6 that is a bf16 value times a power of two; round to nearest, ties to the even
+    code: the contract's thresholds.
 
-    E2M1's step is 0.5 below 2, 1 in [2, 4) and 2 from 4 on. Scaled by 2**-9 / step, the
-    value lands in e4m3's subnormal range, whose codes are the multiples of 2**-9: the fp8
-    conversion rounds n = value / step to an integer, ties to even. Adding the range's
-    first code (0, 2 or 4, times 2**-9; even, so ties stay even) in the same fused
-    multiply-add makes the fp8 code the E2M1 index: one conversion instead of rounding
-    arithmetic. The sum is exact because x has at most 8 significant bits (a float32 with
-    more could round to a tie), and the range tests compare |x| with 2 * 2**e and 4 * 2**e,
-    computed once per exponent, so x itself is never scaled.
+    E2M1's step is 0.5 below 2, 1 in [2, 4) and 2 from 4 on. Scaled by 2**-9 / step, |x|
+    lands in e4m3's subnormal range, whose codes are the multiples of 2**-9: the fp8
+    conversion rounds n = |x| / step to an integer, ties to even. Adding the range's first
+    code (0, 2 or 4, times 2**-9; even, so ties stay even) in the same fused multiply-add
+    makes the fp8 code the E2M1 index: one conversion instead of rounding arithmetic. The
+    sum is exact because x has at most 8 significant bits; a float32 with more could round
+    to a tie.
     """
-    unit = pow2(e)  # per exponent: range bounds and the three multipliers
-    below_2 = 2.0 * unit
-    below_4 = 4.0 * unit
-    inv = pow2(-e)
     a = tl.abs(x)
-    scale = tl.where(a < below_2, inv * 0.00390625,
-                     tl.where(a < below_4, inv * 0.001953125, inv * 0.0009765625))
-    first = tl.where(a < below_2, 0.0, tl.where(a < below_4, 0.00390625, 0.0078125))
+    scale = tl.where(a < 2.0, 0.00390625, tl.where(a < 4.0, 0.001953125, 0.0009765625))
+    first = tl.where(a < 2.0, 0.0, tl.where(a < 4.0, 0.00390625, 0.0078125))
     index = float_to_e4m3(tl.fma(a, scale, first), EXACT_CASTS).to(tl.int32)
     return index | ((x.to(tl.int32, bitcast=True) >> 28) & 0x8)
 

@@ -108,8 +108,9 @@ def _mxfp4_half(x, y, EXACT_CASTS: tl.constexpr):
     The scale 2**e >= amax / 6 bounds every scaled value by 6, as ``e2m1_code`` needs."""
     amax = tl.maximum(_amax_by_group(x, y), MXFP4_AMAX_FLOOR)
     e = tl.minimum(tl.maximum(ceil_log2_of_ratio(amax, MXFP4_MAX), -127), 127)
-    group_e = e[:, None, :, None, None]
-    packed = e2m1_code(x, group_e, EXACT_CASTS) | (e2m1_code(y, group_e, EXACT_CASTS) << 4)
+    inv_scale = pow2(-e)[:, None, :, None, None]
+    packed = (e2m1_code(x * inv_scale, EXACT_CASTS)
+              | (e2m1_code(y * inv_scale, EXACT_CASTS) << 4))
     return packed.to(tl.uint8), e
 
 
