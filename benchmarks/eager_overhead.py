@@ -27,7 +27,7 @@ def main() -> None:
     args = [inputs[k] for k in ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight",
                                 "rms_norm_eps", "k_cache", "kv_slot_mapping", "compress_ratio",
                                 "use_fp4_cache")]
-    full = (*args, 0, False, None, None, False)
+    full = (*args, 0, False, None, None, False, None)
     plan = store.plan_store(*full)
     rows = [
         ("empty triton launch", bench.empty_launch_us(200)[1]),

@@ -60,6 +60,7 @@ def make_case(
     extra_rows: int = 3,
     max_pos: int = 300,
     scale: float = 3.0,
+    page_pad: int = PAGE_PAD,
     device: str = DEVICE,
     generator: torch.Generator | None = None,
 ) -> StoreCase:
@@ -95,5 +96,5 @@ def make_case(
         cos_sin_cache=cos_sin, weight=weight.to(device), eps=1e-6,
         slots=slots.to(index_dtype).to(device), compress_ratio=compress_ratio,
         use_fp4_cache=use_fp4_cache, num_blocks=num_blocks, block_size=block_size,
-        page_bytes=block_size * row + PAGE_PAD,
+        page_bytes=block_size * row + page_pad,
     )

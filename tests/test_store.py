@@ -12,7 +12,7 @@ import indexer_kcache as ik
 from indexer_kcache import reference
 
 from . import oracle
-from .cases import SENTINEL, make_case, pages
+from .cases import DEVICE, SENTINEL, make_case, pages
 
 # (format, mx_scales) and the layouts each format has: (shuffle, mxfp4_n_per_tile).
 FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
@@ -197,17 +197,22 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
 
 GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False)
                        for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)
-                       for fp4 in (False, True)})
+                       for fp4 in (False, True)} | {(32, 2, True), (32, 2, False)})
 
 
+@pytest.mark.parametrize("page_pad", [24, 0], ids=["padded-pages", "packed-pages"])
 @pytest.mark.parametrize("setting", GPU_SETTINGS, ids=lambda s: "{}x{}{}".format(*s[:2], "-eager" * s[2]))
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 @pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
-def test_every_gpu_launch_setting(fp4, compress_ratio, setting, monkeypatch):
-    """Each (tokens per program, warps, eager loads) the GPU launcher can pick, whatever the
-    machine running the tests (the interpreter would otherwise use one setting only)."""
+def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkeypatch):
+    """Each (tokens per program, warps, eager loads) the GPU launcher picks, and the 2-warp
+    one it used to pick, whatever the machine running the tests (the interpreter would
+    otherwise use one setting only). Page strides that are and are not multiples of 16
+    bytes compile to different programs."""
+    if fp4 and setting[:2] == (32, 2) and DEVICE == "cuda":
+        pytest.xfail("Triton 3.6 on sm_90 miscompiles this MXFP4 program (not launched)")
     monkeypatch.setattr(ik.store, "store_settings", lambda *_: setting)
     case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
-                     num_blocks=5)
+                     num_blocks=5, page_pad=page_pad)
     want = run_store(case, "reference")
     assert_same_bytes(run_store(case, "triton"), want, f"setting {setting}")
