@@ -216,3 +216,19 @@ def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkey
                      num_blocks=5, page_pad=page_pad)
     want = run_store(case, "reference")
     assert_same_bytes(run_store(case, "triton"), want, f"setting {setting}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [300, 5000, 70000])
+@pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
+def test_launched_settings_at_their_sizes(fp4, compress_ratio, tokens):
+    """The setting the launcher picks for a size, at that size, over several random cases
+    (varied magnitudes, NaN rows, scattered slots and positions, padded pages): compiled
+    programs can differ from the interpreter's view in ways one small case does not show."""
+    for seed in range(6):
+        case = make_case(tokens, use_fp4_cache=fp4, compress_ratio=compress_ratio,
+                         block_size=64, max_pos=2 * tokens, page_pad=24 * (seed % 2),
+                         generator=torch.Generator().manual_seed(seed))
+        want = run_store(case, "reference")
+        assert_same_bytes(run_store(case, "triton"), want, f"seed {seed}")
