@@ -215,12 +215,16 @@ def indexer_k_store_kernel(
     USE_PDL: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
-    high bit of the 8-element chunk, token, low bit of the chunk, element). The chunk's
-    low bit and the token vary across the lanes of a warp, the rest stays in registers: two
-    lanes share a token, each with four 16-byte chunks per half, so per-token work (the
-    norm's division, the scale exponent, addresses) is done by two lanes, not sixteen, and
-    all but one level of the reductions are in-thread. The high half is the RoPE half;
-    a group is an MXFP4 scale block.
+    high bit of the 8-element chunk, token, low bit of the chunk, element). Triton spreads
+    the axes over lanes and warps from the right: with 16 tokens a warp, two lanes share a
+    token, each holding four 16-byte chunks per half, so per-token work (the norm's
+    division, the scale exponent, addresses) is done by two lanes and all but one level of
+    the reductions are in-thread; 32 tokens over 4 warps split each token's chunks between
+    two warps as well (half the registers, so more warps in flight, for one reduction
+    level through shared memory); one token a warp spreads it over all 32 lanes (the
+    shortest chain for latency-bound launches). Each reduction level sums an axis of two,
+    so the tree is the same whatever the spread. The high half is the RoPE half; a group
+    is an MXFP4 scale block.
 
     ``EAGER_LOADS`` (for latency-bound launches): a program handles BLOCK_T consecutive
     tokens and issues their key-row loads together with the slot and position loads, so
