@@ -206,13 +206,16 @@ GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False)
 @pytest.mark.parametrize("setting", GPU_SETTINGS, ids=lambda s: "{}x{}{}".format(*s[:2], "-eager" * s[2]))
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 @pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
-def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkeypatch):
+def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkeypatch,
+                                  request):
     """Each (tokens per program, warps, eager loads) the GPU launcher picks, and the 2-warp
     one it used to pick, whatever the machine running the tests (the interpreter would
     otherwise use one setting only). Page strides that are and are not multiples of 16
     bytes compile to different programs."""
-    if fp4 and setting[:2] == (32, 2) and DEVICE == "cuda":
-        pytest.xfail("Triton 3.6 on sm_90 miscompiles this MXFP4 program (not launched)")
+    if fp4 and setting[:2] == (32, 2) and page_pad and DEVICE == "cuda":
+        request.applymarker(pytest.mark.xfail(
+            reason="Triton 3.6 on sm_90 miscompiles this MXFP4 program for page strides that "
+                   "are not multiples of 16 bytes; the launcher does not use it"))
     monkeypatch.setattr(ik.store, "store_settings", lambda *_: setting)
     case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
                      num_blocks=5, page_pad=page_pad)
