@@ -21,7 +21,8 @@ class StorePlan:
     """Everything about a call that does not change while its tensors' metadata doesn't."""
 
     __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
-                 "compress_ratio", "block_size", "exact_casts", "pdl", "launches")
+                 "compress_ratio", "block_size", "exact_casts", "pdl", "device", "sizes",
+                 "launches")
 
     def __init__(self, **fields):
         self.launches = {}  # specialization key -> compiled kernel (see launch_store)
@@ -101,6 +102,10 @@ def plan_store(
         checks.fail_unsupported("enable_pdl", "False or None on this device (PDL needs an "
                                 "NVIDIA GPU of compute capability 9.0 or newer)", enable_pdl)
     return StorePlan(
+        device=k_cache.get_device(),
+        # The kernel's size arguments that the plan's key fixes (strides and shapes).
+        sizes=(k_pre.stride(0), cos_sin_cache.stride(0), cos_sin_cache.shape[0],
+               k_cache.stride(0), k_cache.shape[0] * block_size),
         backend=checks.resolve_backend(backend, device),
         use_fp4_cache=use_fp4_cache,
         mx_scales=(checks.default_mx_scales(device) if mx_scales is None else mx_scales)
@@ -157,12 +162,6 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     return 32, 4, compress_ratio == 1
 
 
-def _int_kinds(*values: int) -> tuple[bool, ...]:
-    # Triton types an int argument as i32 or i64 by its value; a kernel compiled for one
-    # must not be launched with the other.
-    return tuple(v > 0x7FFFFFFF for v in values)
-
-
 def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
                  k_cache, kv_slot_mapping) -> None:
     """Launch the kernel. After the first launch for a given specialization (the kernel's
@@ -173,11 +172,10 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
                                                       plan.use_fp4_cache, INTERPRETED)
     tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
     grid = -(-num_tokens // tokens_per_program)
-    max_pos = cos_sin_cache.shape[0]
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    k_pre_row_stride, cos_sin_row_stride, max_pos, page_stride, num_slots = plan.sizes
     args = (
-        k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), max_pos,
-        rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), num_slots,
+        k_pre, k_pre_row_stride, positions, cos_sin_cache, cos_sin_row_stride, max_pos,
+        rms_norm_weight, float(rms_norm_eps), k_cache, page_stride, num_slots,
         kv_slot_mapping, num_tokens,
         plan.compress_ratio, plan.use_fp4_cache, plan.mx_scales, plan.layout, plan.n_per_tile,
         plan.block_size, block_t, eager_loads, plan.exact_casts, plan.pdl,
@@ -185,29 +183,35 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     if INTERPRETED:
         indexer_k_store_kernel[(grid,)](*args, num_warps=num_warps)
         return
-    device = k_cache.get_device()
-    key = (block_t, num_warps, eager_loads, device, *_int_kinds(max_pos, num_slots, num_tokens),
+    # Triton specializes pointers on 16-byte alignment and types an int as i32 or i64 by its
+    # value: a kernel compiled for one must not be launched with the other. The plan's key
+    # fixes every other argument's specialization.
+    key = (block_t, num_warps, eager_loads, num_tokens > 0x7FFFFFFF,
            k_pre.data_ptr() % 16 == 0, positions.data_ptr() % 16 == 0,
            cos_sin_cache.data_ptr() % 16 == 0, rms_norm_weight.data_ptr() % 16 == 0,
            k_cache.data_ptr() % 16 == 0, kv_slot_mapping.data_ptr() % 16 == 0)
     compiled = plan.launches.get(key)
-    if device != torch._C._cuda_getDevice():
-        with torch.cuda.device(device):
-            _launch(compiled, plan, key, grid, num_warps, device, args)
+    if plan.device != torch._C._cuda_getDevice():
+        with torch.cuda.device(plan.device):
+            _launch(compiled, plan, key, grid, num_warps, args)
     else:
-        _launch(compiled, plan, key, grid, num_warps, device, args)
+        _launch(compiled, plan, key, grid, num_warps, args)
 
 
-def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int, device: int,
+def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int,
             args: tuple) -> None:
     if compiled is None:
         plan.launches[key] = indexer_k_store_kernel[(grid,)](
             *args, num_warps=num_warps, enable_fp_fusion=False, launch_pdl=plan.pdl)
-    else:  # what JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9)
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata((grid, 1, 1), stream, *args),
-                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+        return
+    # What JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9); the
+    # launch metadata exists only for a launch hook.
+    stream = torch._C._cuda_getCurrentRawStream(plan.device)
+    enter_hook = knobs.runtime.launch_enter_hook
+    metadata = (None if enter_hook is None
+                else compiled.launch_metadata((grid, 1, 1), stream, *args))
+    compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
+                 enter_hook, knobs.runtime.launch_exit_hook, *args)
 
 
 _PLANS: dict[tuple, StorePlan] = {}
