@@ -139,7 +139,7 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
         )
 
 
-def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool
+def store_settings(num_tokens: int, compress_ratio: int, interpreted: bool
                    ) -> tuple[int, int, bool]:
     """(tokens per program, warps per program, eager key loads) for a launch.
 
@@ -169,7 +169,7 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
     block_t, num_warps, eager_loads = store_settings(num_tokens, plan.compress_ratio,
-                                                      plan.use_fp4_cache, INTERPRETED)
+                                                      INTERPRETED)
     tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
     grid = -(-num_tokens // tokens_per_program)
     k_pre_row_stride, cos_sin_row_stride, max_pos, page_stride, num_slots = plan.sizes
