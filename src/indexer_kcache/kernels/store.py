@@ -123,6 +123,14 @@ def _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO: tl.constexpr):
 
 
 @triton.jit
+def _load_key(k_pre_ptr, k_pre_row_stride, t, element, mask):
+    """The low and high halves of the key rows of tokens ``t`` ([T]), where ``mask``."""
+    row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
+    return (tl.load(row_ptr, mask=_per_token(mask), other=0.0),
+            tl.load(row_ptr + 64, mask=_per_token(mask), other=0.0))
+
+
+@triton.jit
 def _load_index(ptr, t, in_range):
     return tl.load(ptr + t, mask=in_range, other=-1).to(tl.int64)
 
@@ -261,16 +269,13 @@ def indexer_k_store_kernel(
     if COMPRESS_RATIO == 1 or EAGER_LOADS:
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + lane
         in_range = t < num_tokens
-        row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
         if EAGER_LOADS:
-            lo = tl.load(row_ptr, mask=_per_token(in_range), other=0.0)
-            hi = tl.load(row_ptr + 64, mask=_per_token(in_range), other=0.0)
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, in_range)
         slot = _load_index(slot_ptr, t, in_range)
         pos = _load_index(positions_ptr, t, in_range)
         write = _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO)
         if not EAGER_LOADS:
-            lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
-            hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, write)
         _norm_rope_quant_store(lo, hi, slot, pos, write, w_lo, w_hi, cos_sin_ptr,
                                cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO, USE_FP4,
                                MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
@@ -285,9 +290,7 @@ def indexer_k_store_kernel(
         write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
         t = tl.where(write_odd, t_odd, t_even)
         write = write_odd | write_even
-        row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
-        lo = tl.load(row_ptr, mask=_per_token(write), other=0.0)
-        hi = tl.load(row_ptr + 64, mask=_per_token(write), other=0.0)
+        lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, write)
         _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
                                tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
                                cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
@@ -295,9 +298,7 @@ def indexer_k_store_kernel(
                                BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
         both = write_odd & write_even
         if tl.max(both.to(tl.int32), axis=0) > 0:
-            row_ptr = k_pre_ptr + _per_token(t_even) * k_pre_row_stride + element
-            lo = tl.load(row_ptr, mask=_per_token(both), other=0.0)
-            hi = tl.load(row_ptr + 64, mask=_per_token(both), other=0.0)
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t_even, element, both)
             _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi, cos_sin_ptr,
                                    cos_sin_row_stride, eps, cache_ptr, page_stride,
                                    COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
