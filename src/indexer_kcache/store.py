@@ -30,22 +30,28 @@ class StorePlan:
             setattr(self, name, value)
 
 
+def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of an NVIDIA GPU running compiled kernels; None for the
+    interpreter, CPU tensors and ROCm."""
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
 def exact_casts_needed(device: torch.device) -> bool:
     """Use the integer float conversions unless the GPU converts to fp8/bf16 natively.
 
     Native e4m3 conversion exists on NVIDIA sm_89 and newer; elsewhere (the interpreter,
     ROCm, older NVIDIA) the portable conversions are the ones known to be exact.
     """
-    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
-        return True
-    return torch.cuda.get_device_capability(device) < (8, 9)
+    capability = _nvidia_capability(device)
+    return capability is None or capability < (8, 9)
 
 
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: NVIDIA sm_90 and newer, compiled kernels only."""
-    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    capability = _nvidia_capability(device)
+    return capability is not None and capability >= (9, 0)
 
 
 def plan_store(
