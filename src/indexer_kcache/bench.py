@@ -25,7 +25,7 @@ import triton.language as tl
 from . import layout, reference
 from .store import indexer_k_norm_rope_store, pdl_supported
 
-FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+FORMATS = layout.FORMATS
 GPU_TOKENS = (1, 64, 512, 4096, 32768, 262144)
 CPU_TOKENS = (1, 64, 512)
 PEER_TOKENS = (512, 4096, 32768)

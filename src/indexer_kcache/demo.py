@@ -17,7 +17,7 @@ from .readers import dequantize_indexer_k
 from .store import indexer_k_norm_rope_store
 
 BLOCK_SIZE = 64
-FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+FORMATS = layout.FORMATS
 
 
 def make_batch(compress_ratio: int, device, decode_seqs: int = 64, prefill_tokens: int = 2048,

@@ -35,6 +35,9 @@ MXFP4_GROUP = 32
 TILE_TOKENS = 16
 MXFP4_TILE_CHOICES = (16, 32, 64)
 
+# The cache formats by name, as (use_fp4_cache, mx_scales).
+FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+
 ROW_MAJOR = 0
 FP8_TILED = 1
 MXFP4_PRESHUFFLE = 2
