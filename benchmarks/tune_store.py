@@ -2,8 +2,8 @@
 
     python benchmarks/tune_store.py [--formats fp8 mxfp4] [--ratios 1 2] [--calls 50]
 
-For each size, every (tokens per program, warps, eager loads) candidate of that size
-class, with programmatic dependent launch (PDL) on, and the best one again with it off.
+For each size, every (tokens per program, warps, eager loads, register cap) candidate
+of that size class, with programmatic dependent launch (PDL) on, and the best one again with it off.
 Prints the best few per size. The bytes are checked against the reference for every
 setting ('!' marks a mismatch).
 """
@@ -15,13 +15,20 @@ import itertools
 
 from indexer_kcache import bench, store
 
-SMALL = [(1, 1, True), (2, 1, True), (4, 1, True), (2, 2, True), (4, 4, True), (8, 4, True),
-         (1, 1, False)]
-MID = [(4, 1, True), (8, 1, True), (8, 2, True), (16, 2, True), (16, 4, True), (4, 1, False),
-       (8, 1, False), (8, 2, False)]
-LARGE = [(32, 2, False), (32, 4, False), (64, 4, False), (32, 2, True), (32, 4, True),
-         (64, 4, True), (64, 8, True)]
+SMALL = [(1, 1, True, 0), (2, 1, True, 0), (4, 1, True, 0), (2, 2, True, 0), (4, 4, True, 0),
+         (8, 4, True, 0), (1, 1, False, 0)]
+MID = [(4, 1, True, 0), (8, 1, True, 0), (8, 2, True, 0), (16, 2, True, 0), (16, 4, True, 0),
+       (4, 1, False, 0), (8, 1, False, 0), (8, 2, False, 0)]
+LARGE = [(32, 2, True, 0), (32, 4, True, 0), (64, 4, True, 0), (32, 2, False, 0),
+         (32, 4, False, 0), (64, 4, False, 0), (32, 4, False, 96), (32, 4, False, 88),
+         (32, 4, False, 80), (32, 4, False, 72), (16, 2, False, 80), (32, 2, False, 128)]
 CANDIDATES = {1: SMALL, 64: SMALL, 512: SMALL, 4096: MID, 32768: LARGE, 262144: LARGE}
+
+
+def label(setting) -> str:
+    """(32, 4, True, 0) -> 32x4e; (32, 4, False, 80) -> 32x4r80 (register cap)."""
+    block_t, warps, eager, max_registers = setting
+    return f"{block_t}x{warps}{'e' if eager else ''}" + f"r{max_registers}" * bool(max_registers)
 
 
 def timed(inputs, fmt, calls, setting, pdl):
@@ -57,9 +64,9 @@ def main() -> None:
         row.sort(key=lambda r: r[0])
         us, best, _ = row[0]
         no_pdl_us, ok = timed(inputs, fmt, args.calls, best, False)
-        cells = " ".join(f"{b}x{w}{'e' if el else ''}:{us:.2f}{'' if ok else '!'}"
-                         for us, (b, w, el), ok in row[:6])
-        print(f"{fmt:6} cr{cr} {t:>7}: best {best} {us:6.2f} us {100 * nbytes / us / 1e3 / copy:5.1f}%"
+        cells = " ".join(f"{label(setting)}:{us:.2f}{'' if ok else '!'}"
+                         for us, setting, ok in row[:6])
+        print(f"{fmt:6} cr{cr} {t:>7}: best {label(best)} {us:6.2f} us {100 * nbytes / us / 1e3 / copy:5.1f}%"
               f" (PDL off {no_pdl_us:.2f}{'' if ok else '!'}) | {cells}", flush=True)
     store.store_settings, store.pdl_supported = original
 

@@ -35,6 +35,31 @@ def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.c
     tl.store(out_ptr + offs, y, mask=mask)
 
 
+@triton.jit
+def _apply_pair(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.constexpr):
+    """Two-input helpers: x = x_ptr[:n], y = x_ptr[n:]; outputs likewise."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0)
+    y = tl.load(x_ptr + n + offs, mask=mask, other=0)
+    if OP == 0:
+        x, y = numerics.round_to_bf16_pair(x, y, EXACT)
+        tl.store(out_ptr + n + offs, y, mask=mask)
+    else:
+        x = numerics.e2m1_pair(x, y, EXACT)
+    tl.store(out_ptr + offs, x, mask=mask)
+
+
+def apply_pair(op: int, x: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype,
+               exact: bool) -> torch.Tensor:
+    xy = torch.cat([x, y]).to(DEVICE)
+    out = torch.empty(xy.shape, dtype=out_dtype, device=DEVICE)
+    block = 1024
+    _apply_pair[(triton.cdiv(x.numel(), block),)](xy, out, x.numel(), OP=op, EXACT=exact,
+                                                  BLOCK=block)
+    return out.cpu() if op == 0 else out[:x.numel()].cpu()
+
+
 def apply(op: int, x: torch.Tensor, out_dtype: torch.dtype, exact: bool = True) -> torch.Tensor:
     x = x.to(DEVICE)
     out = torch.empty(x.shape, dtype=out_dtype, device=DEVICE)
@@ -63,6 +88,18 @@ def test_bf16_rounding_ties_and_random(exact):
     ties = (bits & ~0xFFFF) | 0x8000
     x = torch.cat([bits.view(torch.float32), ties.view(torch.float32), -ties.view(torch.float32)])
     assert torch.equal(apply(0, x, torch.float32, exact), x.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
+def test_bf16_rounding_in_pairs(exact):
+    """The paired rounding (one ``cvt.rn.bf16x2.f32`` natively) rounds each of its two
+    inputs as the single one does."""
+    bits = torch.randint(0, 2**31 - 2**24, (8192,), dtype=torch.int64).to(torch.int32)
+    ties = (bits & ~0xFFFF) | 0x8000
+    x = torch.cat([bits.view(torch.float32), -ties.view(torch.float32)])
+    y = torch.cat([ties.view(torch.float32), -bits.view(torch.float32)])
+    out = apply_pair(0, x, y, torch.float32, exact)
+    assert torch.equal(out, torch.cat([x, y]).to(torch.bfloat16).float())
 
 
 @pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
@@ -99,6 +136,21 @@ def test_e2m1_encoding_of_every_bf16_up_to_6(exact):
                    torch.tensor([2.0**-149, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])])
     x = torch.cat([x, -x])
     assert torch.equal(apply(3, x, torch.int32, exact), reference.e2m1_codes(x))
+
+
+@pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
+def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact):
+    """The store's byte of two codes (inline PTX natively: the exponent arithmetic, the
+    paired e4m3 conversion and the nibble gathering) over every bf16 value in [-6, 6], each
+    paired with a shuffled one, and scaled values down to the float32 subnormals."""
+    bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).float()
+    big = x[x.abs() >= 1]
+    x = torch.cat([x, big * torch.exp2(-torch.randint(0, 150, (big.numel(),)).float())])
+    x = torch.cat([x, -x])
+    y = x[torch.randperm(x.numel())]
+    want = reference.e2m1_codes(x) | (reference.e2m1_codes(y) << 4)
+    assert torch.equal(apply_pair(1, x, y, torch.int32, exact), want.to(torch.int32))
 
 
 def test_e2m1_decoding_every_code():

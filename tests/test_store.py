@@ -7,12 +7,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from triton import knobs
 
 import indexer_kcache as ik
 from indexer_kcache import reference
 
 from . import oracle
-from .cases import DEVICE, SENTINEL, make_case, pages
+from .cases import SENTINEL, make_case, pages
 
 # (format, mx_scales) and the layouts each format has: (shuffle, mxfp4_n_per_tile).
 FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
@@ -197,25 +198,27 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
         assert_same_bytes(got, want, "triton vs reference")
 
 
-GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, interpreted=False)
-                       for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)}
-                      | {(32, 2, True), (32, 2, False)})
+GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False)
+                       for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)
+                       for fp4 in (False, True)}
+                      | {(32, 2, True, 0), (32, 4, True, 0), (32, 2, False, 0), (32, 4, False, 0)})
+
+
+def _setting_id(setting):
+    block_t, warps, eager, max_registers = setting
+    return f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(
+        max_registers)
 
 
 @pytest.mark.parametrize("page_pad", [24, 0], ids=["padded-pages", "packed-pages"])
-@pytest.mark.parametrize("setting", GPU_SETTINGS, ids=lambda s: "{}x{}{}".format(*s[:2], "-eager" * s[2]))
+@pytest.mark.parametrize("setting", GPU_SETTINGS, ids=_setting_id)
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 @pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
-def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkeypatch,
-                                  request):
-    """Each (tokens per program, warps, eager loads) the GPU launcher picks, and the 2-warp
-    one it used to pick, whatever the machine running the tests (the interpreter would
-    otherwise use one setting only). Page strides that are and are not multiples of 16
-    bytes compile to different programs."""
-    if fp4 and setting[:2] == (32, 2) and page_pad and DEVICE == "cuda":
-        request.applymarker(pytest.mark.xfail(
-            reason="Triton 3.6 on sm_90 miscompiles this MXFP4 program for page strides that "
-                   "are not multiples of 16 bytes; the launcher does not use it"))
+def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkeypatch):
+    """Each (tokens per program, warps, eager loads, register cap) the GPU launcher picks,
+    and others it picked before, whatever the machine running the tests (the interpreter
+    would otherwise use one setting only). Page strides that are and are not multiples of
+    16 bytes compile to different programs."""
     monkeypatch.setattr(ik.store, "store_settings", lambda *_: setting)
     case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
                      num_blocks=5, page_pad=page_pad)
@@ -242,3 +245,36 @@ def test_launched_settings_at_their_sizes(fp4, compress_ratio, tokens):
             case.k_pre[:tokens] = k.to(torch.bfloat16).to(case.k_pre.device)
         want = run_store(case, "reference")
         assert_same_bytes(run_store(case, "triton"), want, f"seed {seed}")
+
+
+def test_an_empty_launch_hook_chain_counts_as_no_hook():
+    """Triton's hook chains are never None; the launcher skips the launch metadata and the
+    hook calls only for an empty chain, and keeps any installed hook."""
+    chain = knobs.HookChain()
+    assert ik.store._installed(None) is None
+    assert ik.store._installed(chain) is None
+    chain.add(print)
+    assert ik.store._installed(chain) is chain
+    assert ik.store._installed(print) is print
+
+
+@pytest.mark.gpu
+def test_installed_launch_hooks_see_every_launch():
+    """After the first launch the store calls the compiled kernel directly; hooks that
+    profilers install must still see those launches, with the kernel's name."""
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    case = make_case(20, use_fp4_cache=False, compress_ratio=1, block_size=16, num_blocks=3)
+    run_store(case, "triton")  # compiled and cached
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        for _ in range(3):
+            run_store(case, "triton")
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen == ["indexer_k_store_kernel"] * 3
+    run_store(case, "triton")
+    assert len(seen) == 3

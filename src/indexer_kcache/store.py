@@ -145,27 +145,33 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
         )
 
 
-def store_settings(num_tokens: int, compress_ratio: int, interpreted: bool
-                   ) -> tuple[int, int, bool]:
-    """(tokens per program, warps per program, eager key loads) for a launch.
+def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool
+                   ) -> tuple[int, int, bool, int]:
+    """(tokens per program, warps per program, eager key loads, register cap) for a launch.
 
     Deterministic in its inputs; chosen with ``benchmarks/tune_store.py`` on an H200
     (``benchmarks/results/h200-tune.txt``). Small launches are latency-bound: one or two
     tokens per program, key rows loaded with the slots and positions. Large ones are
-    bandwidth-bound: 32 tokens per program (32 token pairs with ratio 2, so that the rows
-    of skipped tokens are not read) over 4 warps. (Over 2 warps MXFP4 ran 1 % faster at
-    256K tokens, but Triton 3.6 miscompiles that program for pages whose stride is not a
-    multiple of 16 bytes: ``tests/test_store.py::test_every_gpu_launch_setting``.)
+    bandwidth-bound: 32 tokens per program over 4 warps, or over 2 for MXFP4 above 64K
+    tokens (each token's reductions within a warp: fewer instructions for the heavier
+    encoding). Ratio 2 takes token pairs, so that the rows of skipped tokens are not read;
+    as each key row waits for the slots and positions, it needs more programs in flight:
+    above 64K tokens, 16 pairs over 2 warps with a cap of 80 registers a thread (0 = the
+    compiler's choice), 12 programs to an SM.
     """
     if interpreted:
-        return 64, 1, False  # the interpreter's cost is per program: fewer, larger programs
+        return 64, 1, False, 0  # the interpreter's cost is per program: fewer, larger ones
     if num_tokens <= 64:
-        return 1, 1, True
+        return 1, 1, True, 0
     if num_tokens <= 1024:
-        return 2, 1, True
+        return 2, 1, True, 0
     if num_tokens <= 8192:
-        return (8, 1, True) if compress_ratio == 1 else (4, 1, False)
-    return 32, 4, compress_ratio == 1
+        return (8, 1, True, 0) if compress_ratio == 1 else (4, 1, False, 0)
+    if num_tokens <= 65536:
+        return (32, 4, True, 0) if compress_ratio == 1 else (32, 4, False, 0)
+    if compress_ratio == 2:
+        return 16, 2, False, 80
+    return (32, 2, True, 0) if use_fp4 else (32, 4, True, 0)
 
 
 def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
@@ -174,8 +180,8 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     compile-time view of pointer alignment and int widths), later ones go straight to the
     compiled kernel, skipping Triton's per-call argument binding."""
     num_tokens = kv_slot_mapping.shape[0]
-    block_t, num_warps, eager_loads = store_settings(num_tokens, plan.compress_ratio,
-                                                      INTERPRETED)
+    block_t, num_warps, eager_loads, max_registers = store_settings(
+        num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
     tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
     grid = -(-num_tokens // tokens_per_program)
     k_pre_row_stride, cos_sin_row_stride, max_pos, page_stride, num_slots = plan.sizes
@@ -192,34 +198,44 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     # Triton specializes pointers on 16-byte alignment and types an int as i32 or i64 by its
     # value: a kernel compiled for one must not be launched with the other. The plan's key
     # fixes every other argument's specialization.
-    key = (block_t, num_warps, eager_loads, num_tokens > 0x7FFFFFFF,
+    key = (block_t, num_warps, eager_loads, max_registers, num_tokens > 0x7FFFFFFF,
            k_pre.data_ptr() % 16 == 0, positions.data_ptr() % 16 == 0,
            cos_sin_cache.data_ptr() % 16 == 0, rms_norm_weight.data_ptr() % 16 == 0,
            k_cache.data_ptr() % 16 == 0, kv_slot_mapping.data_ptr() % 16 == 0)
     compiled = plan.launches.get(key)
     if plan.device != torch._C._cuda_getDevice():
         with torch.cuda.device(plan.device):
-            _launch(compiled, plan, key, grid, num_warps, args)
+            _launch(compiled, plan, key, grid, num_warps, max_registers, args)
     else:
-        _launch(compiled, plan, key, grid, num_warps, args)
+        _launch(compiled, plan, key, grid, num_warps, max_registers, args)
 
 
 def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int,
-            args: tuple) -> None:
+            max_registers: int, args: tuple) -> None:
     if compiled is None:
+        cap = {"maxnreg": max_registers} if max_registers else {}
         plan.launches[key] = indexer_k_store_kernel[(grid,)](
-            *args, num_warps=num_warps, enable_fp_fusion=False, launch_pdl=plan.pdl)
+            *args, num_warps=num_warps, enable_fp_fusion=False, launch_pdl=plan.pdl, **cap)
         return
-    # What JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9); the
-    # launch metadata exists only for a launch hook.
+    # What JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9), minus
+    # the launch metadata and hook calls when no launch hook is installed.
     stream = torch._C._cuda_getCurrentRawStream(plan.device)
-    enter_hook = knobs.runtime.launch_enter_hook
+    enter_hook = _installed(knobs.runtime.launch_enter_hook)
     metadata = (None if enter_hook is None
                 else compiled.launch_metadata((grid, 1, 1), stream, *args))
     compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
-                 enter_hook, knobs.runtime.launch_exit_hook, *args)
+                 enter_hook, _installed(knobs.runtime.launch_exit_hook), *args)
 
 
+def _installed(hook):
+    """A launch hook, or None. Triton keeps hooks in a chain that is never None itself (and
+    builds the launch metadata whenever it is not None): an empty chain counts as none."""
+    if hook is None or (isinstance(hook, _HOOK_CHAIN) and not hook.calls):
+        return None
+    return hook
+
+
+_HOOK_CHAIN = getattr(knobs, "HookChain", ())
 _PLANS: dict[tuple, StorePlan] = {}
 _MAX_PLANS = 4096
 

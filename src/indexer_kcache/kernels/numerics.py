@@ -3,6 +3,9 @@
 ``EXACT_CASTS`` selects integer/compare implementations of the float conversions. The
 interpreter needs them (its bf16 cast truncates and its fp8 cast rounds ties away and
 drops carries); GPUs with native conversions may use those, which give the same bytes.
+Two native forms are inline PTX (NVIDIA sm_89 and newer, where ``EXACT_CASTS`` is off):
+the paired bf16 rounding and the E2M1 byte of two values; ``tests/test_numerics.py``
+checks them on the GPU against torch and the reference (every bf16 value up to 6).
 """
 
 import triton
@@ -28,6 +31,29 @@ def round_to_bf16(x, EXACT_CASTS: tl.constexpr):
     else:
         y = x.to(tl.bfloat16).to(tl.float32)
     return y
+
+
+_BF16_PAIR_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 p;
+cvt.rn.bf16x2.f32 p, $3, $2;
+shl.b32 $0, p, 16;
+and.b32 $1, p, 0xFFFF0000;
+}
+""")
+
+
+@triton.jit
+def round_to_bf16_pair(x, y, EXACT_CASTS: tl.constexpr):
+    """``round_to_bf16`` of two tensors; natively one paired conversion for both."""
+    if EXACT_CASTS:
+        x = round_to_bf16(x, EXACT_CASTS)
+        y = round_to_bf16(y, EXACT_CASTS)
+    else:
+        x, y = tl.inline_asm_elementwise(
+            _BF16_PAIR_PTX, "=r,=r,r,r", [x, y], dtype=(tl.float32, tl.float32),
+            is_pure=True, pack=1)
+    return x, y
 
 
 @triton.jit
@@ -93,19 +119,70 @@ def e2m1_code(x, EXACT_CASTS: tl.constexpr):
     |x| <= 6 that is a bf16 value times a power of two; round to nearest, ties to the even
     code: the contract's thresholds.
 
-    E2M1's step is 0.5 below 2, 1 in [2, 4) and 2 from 4 on. Scaled by 2**-9 / step, |x|
-    lands in e4m3's subnormal range, whose codes are the multiples of 2**-9: the fp8
-    conversion rounds n = |x| / step to an integer, ties to even. Adding the range's first
-    code (0, 2 or 4, times 2**-9; even, so ties stay even) in the same fused multiply-add
-    makes the fp8 code the E2M1 index: one conversion instead of rounding arithmetic. The
-    sum is exact because x has at most 8 significant bits; a float32 with more could round
-    to a tie.
+    E2M1's step is 0.5 below 2, 1 in [2, 4) and 2 from 4 on: 2**(d - 1) with d = 0, 1, 2
+    the binade of max(|x|, 1) above 1. Scaled by 2**-9 / step, |x| lands on e4m3's grid of
+    multiples of 2**-9 (exact up to 16 * 2**-9), so the fp8 conversion rounds n = |x| / step
+    to an integer, ties to even. Adding 8 + 2 d (times 2**-9) in the same fused
+    multiply-add turns n into the fp8 code 8 + index: the offset is even, so ties stay
+    even, and both the scale (2**(-8 - d)) and the offset are linear in the exponent bits
+    of max(|x|, 1), which replaces a chain of range compares and selects by two integer
+    multiply-adds. The sum is exact because x has at most 8 significant bits; a float32
+    with more could round to a tie.
     """
-    a = tl.abs(x)
-    scale = tl.where(a < 2.0, 0.00390625, tl.where(a < 4.0, 0.001953125, 0.0009765625))
-    first = tl.where(a < 2.0, 0.0, tl.where(a < 4.0, 0.00390625, 0.0078125))
-    index = float_to_e4m3(tl.fma(a, scale, first), EXACT_CASTS).to(tl.int32)
-    return index | ((x.to(tl.int32, bitcast=True) >> 28) & 0x8)
+    binade = tl.maximum(tl.abs(x), 1.0).to(tl.int32, bitcast=True) >> 23  # 127 + d
+    scale = (0x7B000000 - binade * 0x800000).to(tl.float32, bitcast=True)  # 2**(-8 - d)
+    offset = (0x2CA00000 + binade * 0x200000).to(tl.float32, bitcast=True)  # (8 + 2 d) 2**-9
+    code = float_to_e4m3(tl.fma(tl.abs(x), scale, offset), EXACT_CASTS).to(tl.int32)
+    # code is 8 + index (bit 3 always set): swap that bit for the sign.
+    return (code ^ 0x8) | ((x.to(tl.int32, bitcast=True) >> 28) & 0x8)
+
+
+# One E2M1 byte from two scaled values (x: low nibble, y: high nibble), the method of
+# ``e2m1_code`` in PTX: the compiler would turn its multiply-adds by powers of two into
+# mask/shift/add chains, and the e4m3x2 conversion leaves both codes in one register, so
+# the nibbles are gathered with a shift and a mask instead of per-byte extracts.
+_E2M1_PAIR_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 ax, ay, ex, ey, sx, sy, ox, oy, tx, ty, h, s;
+.reg .b16 c;
+abs.f32 ax, $1;
+abs.f32 ay, $2;
+max.f32 ex, ax, 0f3F800000;                 // max(|x|, 1)
+max.f32 ey, ay, 0f3F800000;
+shr.u32 ex, ex, 23;                         // its exponent field, 127 + d
+shr.u32 ey, ey, 23;
+mad.lo.s32 sx, ex, -8388608, 2063597568;    // 0x7B000000 - (127 + d) << 23: 2**(-8 - d)
+mad.lo.s32 sy, ey, -8388608, 2063597568;
+mad.lo.s32 ox, ex, 2097152, 748683264;      // 0x2CA00000 + (127 + d) << 21: (8 + 2 d) 2**-9
+mad.lo.s32 oy, ey, 2097152, 748683264;
+fma.rn.f32 tx, ax, sx, ox;
+fma.rn.f32 ty, ay, sy, oy;
+cvt.rn.satfinite.e4m3x2.f32 c, ty, tx;      // c = (8 + index y) << 8 | (8 + index x)
+mov.b32 h, {c, c};
+shr.u32 s, h, 4;
+or.b32 h, h, s;
+and.b32 h, h, 0x77;                         // index y << 4 | index x
+shr.u32 s, $1, 28;
+and.b32 s, s, 8;                            // sign of x -> bit 3
+or.b32 h, h, s;
+shr.u32 s, $2, 24;
+and.b32 s, s, 128;                          // sign of y -> bit 7
+or.b32 $0, h, s;
+}
+""")
+
+
+@triton.jit
+def e2m1_pair(x, y, EXACT_CASTS: tl.constexpr):
+    """The E2M1 byte of two scaled values: ``e2m1_code(x) | e2m1_code(y) << 4`` (int32)."""
+    if EXACT_CASTS:
+        byte = e2m1_code(x, EXACT_CASTS) | (e2m1_code(y, EXACT_CASTS) << 4)
+    else:
+        byte = tl.inline_asm_elementwise(
+            _E2M1_PAIR_PTX, "=r,r,r",
+            [x.to(tl.int32, bitcast=True), y.to(tl.int32, bitcast=True)],
+            dtype=tl.int32, is_pure=True, pack=1)
+    return byte
 
 
 @triton.jit

@@ -16,10 +16,10 @@ from .numerics import (
     MXFP4_AMAX_FLOOR,
     MXFP4_MAX,
     ceil_log2_of_ratio,
-    e2m1_code,
+    e2m1_pair,
     float_to_e4m3,
     pow2,
-    round_to_bf16,
+    round_to_bf16_pair,
 )
 
 
@@ -109,8 +109,7 @@ def _mxfp4_half(x, y, EXACT_CASTS: tl.constexpr):
     amax = tl.maximum(_amax_by_group(x, y), MXFP4_AMAX_FLOOR)
     e = tl.minimum(tl.maximum(ceil_log2_of_ratio(amax, MXFP4_MAX), -127), 127)
     inv_scale = pow2(-e)[:, None, :, None, None]
-    packed = (e2m1_code(x * inv_scale, EXACT_CASTS)
-              | (e2m1_code(y * inv_scale, EXACT_CASTS) << 4))
+    packed = e2m1_pair(x * inv_scale, y * inv_scale, EXACT_CASTS)
     return packed.to(tl.uint8), e
 
 
@@ -136,6 +135,16 @@ def _load_index(ptr, t, in_range):
 
 
 @triton.jit
+def _load_pair_indices(slot_ptr, positions_ptr, t_even, num_tokens):
+    """Slots and positions of the token pairs (t_even, t_even + 1)."""
+    t_odd = t_even + 1
+    return (_load_index(slot_ptr, t_even, t_even < num_tokens),
+            _load_index(positions_ptr, t_even, t_even < num_tokens),
+            _load_index(slot_ptr, t_odd, t_odd < num_tokens),
+            _load_index(positions_ptr, t_odd, t_odd < num_tokens))
+
+
+@triton.jit
 def _norm_rope_quant_store(
     lo, hi, slot, pos, write, w_lo, w_hi,
     cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
@@ -144,7 +153,8 @@ def _norm_rope_quant_store(
     BLOCK_T: tl.constexpr, EXACT_CASTS: tl.constexpr,
 ):
     """Everything after the key rows are loaded, for BLOCK_T tokens (one per lane pair).
-    ``w_lo``/``w_hi`` are the weight's halves, or their addresses when BLOCK_T > 8."""
+    ``w_lo``/``w_hi`` are the weight's halves or, when BLOCK_T > 8, both the weight's
+    pointer (the halves are loaded here)."""
     VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
     element = _index(32, 8, 8)  # within a half
     group_pos = pos - pos % COMPRESS_RATIO
@@ -159,16 +169,14 @@ def _norm_rope_quant_store(
     sum_sq = _half_sum_of_squares(lo_x, lo_y) + _half_sum_of_squares(hi_x, hi_y)
     inv_rms = _per_token(tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps)))
     if BLOCK_T > 8:
-        w_lo = tl.load(w_lo)
-        w_hi = tl.load(w_hi)
+        w_lo = tl.load(w_lo + element)
+        w_hi = tl.load(w_hi + 64 + element)
     w_x, w_y = _split_pairs(w_lo)
-    lo_x = round_to_bf16(lo_x * inv_rms * w_x, EXACT_CASTS)
-    lo_y = round_to_bf16(lo_y * inv_rms * w_y, EXACT_CASTS)
+    lo_x, lo_y = round_to_bf16_pair(lo_x * inv_rms * w_x, lo_y * inv_rms * w_y, EXACT_CASTS)
     w_x, w_y = _split_pairs(w_hi)
-    hi_x = round_to_bf16(hi_x * inv_rms * w_x, EXACT_CASTS)
-    hi_y = round_to_bf16(hi_y * inv_rms * w_y, EXACT_CASTS)
-    hi_x, hi_y = (round_to_bf16(hi_x * cos - hi_y * sin, EXACT_CASTS),
-                  round_to_bf16(hi_y * cos + hi_x * sin, EXACT_CASTS))
+    hi_x, hi_y = round_to_bf16_pair(hi_x * inv_rms * w_x, hi_y * inv_rms * w_y, EXACT_CASTS)
+    hi_x, hi_y = round_to_bf16_pair(hi_x * cos - hi_y * sin, hi_y * cos + hi_x * sin,
+                                    EXACT_CASTS)
 
     page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
     p = slot % BLOCK_SIZE
@@ -242,7 +250,8 @@ def indexer_k_store_kernel(
     to write. ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T pairs and
     does the work only for the tokens that write, about one per pair: a lane pair takes the
     odd token of its pair if it writes, else the even one; pairs where both write
-    (positions not consecutive) get a second pass. Rows of skipped tokens are never read.
+    (positions not consecutive) get a second pass, which re-reads the slots and positions
+    rather than keep them live through the first. Rows of skipped tokens are never read.
 
     ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
     kernel in the stream before touching memory, and lets the next one start launching.
@@ -257,13 +266,14 @@ def indexer_k_store_kernel(
         tl_cuda.gdc_launch_dependents()
     element = _index(32, 8, 8)  # within a half
     # Latency-bound launches (few tokens per program) start the weight's load first, off
-    # the critical path; bandwidth-bound ones pass its addresses and load it where it is
-    # used, so that it does not hold registers for the whole program.
-    w_lo = weight_ptr + element
-    w_hi = weight_ptr + 64 + element
+    # the critical path; bandwidth-bound ones load it where it is used, from the bare
+    # pointer: values or per-element addresses would hold registers through the program.
     if BLOCK_T <= 8:
-        w_lo = tl.load(w_lo)
-        w_hi = tl.load(w_hi)
+        w_lo = tl.load(weight_ptr + element)
+        w_hi = tl.load(weight_ptr + 64 + element)
+    else:
+        w_lo = weight_ptr
+        w_hi = weight_ptr
     # Token indices are int64 so that every address below is computed in 64 bits.
     lane = tl.arange(0, BLOCK_T).to(tl.int64)
     if COMPRESS_RATIO == 1 or EAGER_LOADS:
@@ -281,25 +291,28 @@ def indexer_k_store_kernel(
                                MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
     else:
         t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
-        t_odd = t_even + 1
-        slot_even = _load_index(slot_ptr, t_even, t_even < num_tokens)
-        pos_even = _load_index(positions_ptr, t_even, t_even < num_tokens)
-        slot_odd = _load_index(slot_ptr, t_odd, t_odd < num_tokens)
-        pos_odd = _load_index(positions_ptr, t_odd, t_odd < num_tokens)
+        slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
+            slot_ptr, positions_ptr, t_even, num_tokens)
         write_even = _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
         write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
-        t = tl.where(write_odd, t_odd, t_even)
         write = write_odd | write_even
-        lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, write)
+        lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, tl.where(write_odd, t_even + 1, t_even),
+                           element, write)
+        second_pass = tl.max((write_odd & write_even).to(tl.int32), axis=0) > 0
         _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
                                tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
                                cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
                                COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                                BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
-        both = write_odd & write_even
-        if tl.max(both.to(tl.int32), axis=0) > 0:
+        if second_pass:
+            # Re-read the (cached) indices rather than keep them live through the first
+            # pass: the register budget of one pass is what sets the programs in flight.
+            slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
+                slot_ptr, positions_ptr, t_even, num_tokens)
+            both = (_written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
+                    & _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO))
             lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t_even, element, both)
-            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi, cos_sin_ptr,
-                                   cos_sin_row_stride, eps, cache_ptr, page_stride,
-                                   COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
-                                   BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi,
+                                   cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
+                                   page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
+                                   N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
