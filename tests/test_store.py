@@ -278,3 +278,18 @@ def test_installed_launch_hooks_see_every_launch():
     assert seen == ["indexer_k_store_kernel"] * 3
     run_store(case, "triton")
     assert len(seen) == 3
+
+
+def test_compile_options_name_nvidia_only_options_only_on_nvidia():
+    """Triton's AMD backend rejects unknown launch options by name (KeyError): PDL and the
+    register cap go to NVIDIA GPUs only; no fused multiply-adds anywhere."""
+    from triton.backends.amd.compiler import HIPOptions
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    amd = ik.store.compile_options(False, False, 80)
+    assert amd == {"enable_fp_fusion": False}
+    assert set(amd) <= set(HIPOptions.__dataclass_fields__)
+    nvidia = ik.store.compile_options(True, True, 80)
+    assert nvidia == {"enable_fp_fusion": False, "launch_pdl": True, "maxnreg": 80}
+    assert set(nvidia) <= set(CUDAOptions.__dataclass_fields__)
+    assert "maxnreg" not in ik.store.compile_options(True, False, 0)

@@ -21,7 +21,7 @@ class StorePlan:
     """Everything about a call that does not change while its tensors' metadata doesn't."""
 
     __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
-                 "compress_ratio", "block_size", "exact_casts", "pdl", "device", "sizes",
+                 "compress_ratio", "block_size", "exact_casts", "pdl", "nvidia", "device", "sizes",
                  "launches")
 
     def __init__(self, **fields):
@@ -122,6 +122,7 @@ def plan_store(
         block_size=block_size,
         exact_casts=exact_casts_needed(device),
         pdl=pdl if enable_pdl is None else enable_pdl,
+        nvidia=_nvidia_capability(device) is not None,
     )
 
 
@@ -213,9 +214,8 @@ def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
 def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int,
             max_registers: int, args: tuple) -> None:
     if compiled is None:
-        cap = {"maxnreg": max_registers} if max_registers else {}
         plan.launches[key] = indexer_k_store_kernel[(grid,)](
-            *args, num_warps=num_warps, enable_fp_fusion=False, launch_pdl=plan.pdl, **cap)
+            *args, num_warps=num_warps, **compile_options(plan.nvidia, plan.pdl, max_registers))
         return
     # What JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9), minus
     # the launch metadata and hook calls when no launch hook is installed.
@@ -225,6 +225,17 @@ def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int,
                 else compiled.launch_metadata((grid, 1, 1), stream, *args))
     compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
                  enter_hook, _installed(knobs.runtime.launch_exit_hook), *args)
+
+
+def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
+    """Triton options for the store's compiled launch. PDL and the register cap are
+    options of Triton's NVIDIA backend only: others reject them by name."""
+    options = {"enable_fp_fusion": False}  # no fused multiply-adds: the reference's rounding
+    if nvidia:
+        options["launch_pdl"] = pdl
+        if max_registers:
+            options["maxnreg"] = max_registers
+    return options
 
 
 def _installed(hook):
