@@ -1,8 +1,18 @@
-"""Where the host time of one eager call goes (GPU machine): empty Triton launch, the
-public function at 1 token, and its parts."""
+"""Where the host time of one eager call goes (GPU machine): an empty Triton launch, the
+public store at small sizes, and its parts.
+
+Wall time per call drifts by several microseconds over tens of milliseconds on a shared
+host, so the variants run in interleaved rounds (every variant once per round, a loop of
+``--calls`` calls each) and each is reported as the median of its rounds, next to the
+empty launch of the same rounds.
+
+    python benchmarks/eager_overhead.py [--rounds 15] [--calls 1000] [--profile]
+"""
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import time
 
 import torch
@@ -10,46 +20,74 @@ import torch
 from indexer_kcache import bench, store
 
 
-def per_call_us(fn, n=2000):
-    for _ in range(100):
-        fn()
+def loop_us(fn, calls: int) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(n):
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def variants() -> dict:
+    empty = bench.empty_launch_fn()
+    rows = {"empty triton launch": empty}
+    for fmt, cr, tokens in (("fp8", 1, 1), ("mxfp4", 2, 512)):
+        inputs = bench.make_inputs(tokens, fmt, cr, "cuda")
+        name = f"{fmt} cr{cr} {tokens} tok"
+        rows[f"public, {name}"] = bench.store_call(inputs, False)
+        rows[f"public no PDL, {name}"] = bench.store_call(inputs, False, enable_pdl=False)
+    inputs = bench.make_inputs(1, "fp8", 1, "cuda")
+    args = [inputs[k] for k in bench.STORE_ARGS]
+    full = (*args, 0, False, None, None, False, None)
+    plan = store.plan_store(*full)
+    store.launch_store(plan, 1, *args[:7])  # compiles: later launches take the compiled kernel
+    (compiled,) = plan.launches.values()
+    pointers = [inputs[k].data_ptr() for k in bench.STORE_ARGS[:7] if k != "rms_norm_eps"]
+    kernel_args = store._kernel_args(plan, 1, 1, True, *pointers[:4], 1e-6, *pointers[4:])
+    rows.update({
+        "op dispatch + store_impl": lambda: torch.ops.indexer_kcache.indexer_k_norm_rope_store(
+            *args, mx_scales=False),
+        "store_impl": lambda: store.store_impl(*full),
+        "launch_store": lambda: store.launch_store(plan, 1, *args[:7]),
+        "Triton's launcher alone": lambda: store._launch(compiled, plan.device, 1, kernel_args),
+        "plan_store (full checks)": lambda: store.plan_store(*full),
+    })
+    return rows
 
 
 def main() -> None:
-    inputs = bench.make_inputs(1, "fp8", 1, "cuda")
-    call = bench.store_call(inputs, False)
-    args = [inputs[k] for k in ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight",
-                                "rms_norm_eps", "k_cache", "kv_slot_mapping", "compress_ratio",
-                                "use_fp4_cache")]
-    full = (*args, 0, False, None, None, False, None)
-    plan = store.plan_store(*full)
-    rows = [
-        ("empty triton launch", bench.empty_launch_us(200)[1]),
-        ("public store, 1 token", per_call_us(call)),
-        ("op dispatch + store_impl", per_call_us(
-            lambda: torch.ops.indexer_kcache.indexer_k_norm_rope_store(*args, mx_scales=False))),
-        ("store_impl", per_call_us(lambda: store.store_impl(*full))),
-        ("plan key", per_call_us(lambda: store._plan_key(*full))),
-        ("plan_store (full checks)", per_call_us(lambda: store.plan_store(*full))),
-        ("launch_store", per_call_us(lambda: store.launch_store(plan, *args[:7]))),
-    ]
-    for name, us in rows:
-        print(f"{name:28} {us:7.2f} us")
-    import cProfile
-    import pstats
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--profile", action="store_true", help="cProfile the 1-token call")
+    options = parser.parse_args()
+    rows = variants()
+    for fn in rows.values():  # compile and warm up
+        loop_us(fn, 100)
+    times = {name: [] for name in rows}
+    for _ in range(options.rounds):
+        for name, fn in rows.items():
+            times[name].append(loop_us(fn, options.calls))
+    empty = times["empty triton launch"]
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"{options.rounds} rounds x {options.calls} calls")
+    print(f"{'':34} {'median us':>9} {'min':>7} {'max':>7} {'/ empty':>8}")
+    for name, values in times.items():
+        ratio = statistics.median(v / e for v, e in zip(values, empty, strict=True))
+        print(f"{name:34} {statistics.median(values):9.2f} {min(values):7.2f} "
+              f"{max(values):7.2f} {ratio:7.2f}x")
+    if options.profile:
+        import cProfile
+        import pstats
 
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(2000):
-        call()
-    profile.disable()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+        call = rows["public, fp8 cr1 1 tok"]
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(2000):
+            call()
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@ torch peers. ``python -m indexer_kcache bench --help``.
 
 GPU time per call is the median over CUDA-graph replays of a graph holding ``calls``
 calls, timed with CUDA events; eager time is wall time per call of a plain Python loop
-(host launch cost included). Minimal bytes count each input read once and each output
-written once: 16 B per token (position, slot) and, per written token, the 256 B key row,
-the 64 cos/sin values and the stored row.
+(host launch cost included), for the store in loops alternating with an empty Triton
+launch's (both medians are recorded, and their ratio shown). Minimal bytes count each
+input read once and each output written once: 16 B per token (position, slot) and, per
+written token, the 256 B key row, the 64 cos/sin values and the stored row.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Record:
     bytes: int
     op: str = "store"  # or "gather" / "dequantize" (the readers)
     graph_us_no_pdl: float | None = None  # the store with enable_pdl=False, where PDL exists
+    # The empty launch's eager time, measured in loops alternating with this record's.
+    empty_launch_eager_us: float | None = None
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -81,11 +84,13 @@ def minimal_store_bytes(inputs: dict) -> int:
     return 16 * tokens + written * per_written
 
 
+STORE_ARGS = ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight", "rms_norm_eps",
+              "k_cache", "kv_slot_mapping", "compress_ratio", "use_fp4_cache")
+
+
 def store_call(inputs: dict, mx_scales: bool, backend: str | None = None,
                **options) -> Callable[[], None]:
-    args = [inputs[k] for k in ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight",
-                                "rms_norm_eps", "k_cache", "kv_slot_mapping", "compress_ratio",
-                                "use_fp4_cache")]
+    args = [inputs[k] for k in STORE_ARGS]
     return lambda: indexer_k_norm_rope_store(*args, mx_scales=mx_scales, backend=backend,
                                              **options)
 
@@ -154,6 +159,26 @@ def eager_time_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) 
     return statistics.median(loops)
 
 
+def eager_vs_baseline_us(fn: Callable[[], None], baseline: Callable[[], None], calls: int,
+                         rounds: int = 9) -> tuple[float, float]:
+    """Eager wall time per call of ``fn`` and of ``baseline`` (the empty launch), in
+    alternating loops of ``calls`` calls: (median of fn's loops, median of baseline's).
+    A shared host's speed drifts over tens of milliseconds; alternating gives both the
+    same drift."""
+    loops: tuple[list, list] = ([], [])
+    for f in (fn, baseline):
+        f()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for f, times in zip((fn, baseline), loops, strict=True):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(loops[0]), statistics.median(loops[1])
+
+
 def copy_bandwidth_GBps(num_bytes: int = 2 << 30) -> float:
     """Device-to-device copy: bytes read plus bytes written per second (median of 20)."""
     src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device="cuda")
@@ -175,10 +200,15 @@ def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
     pass
 
 
+def empty_launch_fn() -> Callable[[], None]:
+    """One launch of an empty Triton kernel, the way any Triton kernel is called."""
+    x = torch.empty(1, device="cuda")
+    return lambda: _empty_kernel[(1,)](x, 1, BLOCK=16)
+
+
 def empty_launch_us(calls: int) -> tuple[float, float]:
     """Cost of launching an empty Triton kernel: (GPU us in a graph, eager wall us)."""
-    x = torch.empty(1, device="cuda")
-    fn = lambda: _empty_kernel[(1,)](x, 1, BLOCK=16)
+    fn = empty_launch_fn()
     return graph_time_us(fn, calls), eager_time_us(fn, calls, torch.cuda.synchronize)
 
 
@@ -210,6 +240,7 @@ def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int
         "copy_GBps": copy_bandwidth_GBps(),
     }
     result["empty_launch_graph_us"], result["empty_launch_eager_us"] = empty_launch_us(calls)
+    empty = empty_launch_fn()
     records, mismatches = [], []
     cases = [(f, cr, t) for f in formats for cr in ratios for t in tokens]
     pdl = pdl_supported(device)
@@ -220,9 +251,10 @@ def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int
             mismatches.append(f"{fmt} cr{cr} {t}")
         fn = store_call(inputs, mx)
         no_pdl_us = graph_time_us(store_call(inputs, mx, enable_pdl=False), calls) if pdl else None
-        records.append(Record("indexer_kcache", fmt, cr, t, graph_time_us(fn, calls),
-                              eager_time_us(fn, calls, torch.cuda.synchronize),
-                              minimal_store_bytes(inputs), graph_us_no_pdl=no_pdl_us))
+        eager_us, empty_us = eager_vs_baseline_us(fn, empty, calls)
+        records.append(Record("indexer_kcache", fmt, cr, t, graph_time_us(fn, calls), eager_us,
+                              minimal_store_bytes(inputs), graph_us_no_pdl=no_pdl_us,
+                              empty_launch_eager_us=empty_us))
         del inputs, fn
     if peers:
         records += run_peers(device, formats, peer_tokens, calls)
@@ -307,7 +339,7 @@ def format_table(result: dict) -> str:
     else:
         lines.append(f"CPU ONLY ({result['cpu']}), torch {result['torch']}: {result['note']}")
     lines.append(f"{'op':10} {'impl':18} {'format':7} {'cr':>2} {'tokens':>7} {'graph us':>9} "
-                 f"{'eager us':>9} {'GB/s':>7} {'% copy':>7} {'no-PDL us':>9}")
+                 f"{'eager us':>9} {'/ empty':>7} {'GB/s':>7} {'% copy':>7} {'no-PDL us':>9}")
     for r in result["records"] + result.get("readers", []):
         t = r["graph_us"] if r["graph_us"] is not None else r["eager_us"]
         gbps = r["bytes"] / t / 1e3 if t else 0.0
@@ -315,8 +347,10 @@ def format_table(result: dict) -> str:
         graph = f"{r['graph_us']:9.2f}" if r["graph_us"] is not None else "        -"
         no_pdl = r.get("graph_us_no_pdl")
         no_pdl = f"{no_pdl:9.2f}" if no_pdl is not None else "        -"
+        empty = r.get("empty_launch_eager_us")
+        ratio = f"{r['eager_us'] / empty:6.2f}x" if empty else "      -"
         lines.append(f"{r['op']:10} {r['impl']:18} {r['format']:7} {r['compress_ratio']:>2} "
-                     f"{r['tokens']:>7} {graph} {r['eager_us']:9.2f} {gbps:7.0f} {pct} {no_pdl}")
+                     f"{r['tokens']:>7} {graph} {r['eager_us']:9.2f} {ratio} {gbps:7.0f} {pct} {no_pdl}")
     if result.get("byte_mismatches"):
         lines.append("BYTES DIFFER FROM THE REFERENCE: " + ", ".join(result["byte_mismatches"]))
     return "\n".join(lines)

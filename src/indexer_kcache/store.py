@@ -10,6 +10,7 @@ from triton import knobs
 from . import checks, layout, reference
 from .checks import fail_type, fail_value
 from .kernels import INTERPRETED, indexer_k_store_kernel
+from .plan_cache import PlanCache
 
 K_PRE_DTYPES = (torch.bfloat16,)
 COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -28,6 +29,12 @@ class StorePlan:
         self.launches = {}  # specialization key -> compiled kernel (see launch_store)
         for name, value in fields.items():
             setattr(self, name, value)
+
+    def constexprs(self, block_t: int, eager_loads: bool) -> tuple:
+        """The kernel's compile-time arguments, in order."""
+        return (self.compress_ratio, self.use_fp4_cache, self.mx_scales, self.layout,
+                self.n_per_tile, self.block_size, block_t, eager_loads, self.exact_casts,
+                self.pdl)
 
 
 def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
@@ -175,51 +182,70 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     return (32, 2, True, 0) if use_fp4 else (32, 4, True, 0)
 
 
-def launch_store(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
-                 k_cache, kv_slot_mapping) -> None:
-    """Launch the kernel. After the first launch for a given specialization (the kernel's
-    compile-time view of pointer alignment and int widths), later ones go straight to the
-    compiled kernel, skipping Triton's per-call argument binding."""
-    num_tokens = kv_slot_mapping.shape[0]
+def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cache,
+                 rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping) -> None:
+    """Launch the kernel for the first ``num_tokens`` tokens. After the first launch for a
+    given specialization (the kernel's compile-time view of pointer alignment and int
+    widths), later ones go straight to the compiled kernel, skipping Triton's per-call
+    argument binding."""
     block_t, num_warps, eager_loads, max_registers = store_settings(
         num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
     tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
     grid = -(-num_tokens // tokens_per_program)
-    k_pre_row_stride, cos_sin_row_stride, max_pos, page_stride, num_slots = plan.sizes
-    args = (
-        k_pre, k_pre_row_stride, positions, cos_sin_cache, cos_sin_row_stride, max_pos,
-        rms_norm_weight, float(rms_norm_eps), k_cache, page_stride, num_slots,
-        kv_slot_mapping, num_tokens,
-        plan.compress_ratio, plan.use_fp4_cache, plan.mx_scales, plan.layout, plan.n_per_tile,
-        plan.block_size, block_t, eager_loads, plan.exact_casts, plan.pdl,
-    )
     if INTERPRETED:
-        indexer_k_store_kernel[(grid,)](*args, num_warps=num_warps)
+        indexer_k_store_kernel[(grid,)](
+            *_kernel_args(plan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                          k_cache, kv_slot_mapping, num_tokens,
+                          plan.constexprs(block_t, eager_loads)),
+            num_warps=num_warps)
         return
+    k_pre_ptr, positions_ptr = k_pre.data_ptr(), positions.data_ptr()
+    cos_sin_ptr, weight_ptr = cos_sin_cache.data_ptr(), rms_norm_weight.data_ptr()
+    cache_ptr, slots_ptr = k_cache.data_ptr(), kv_slot_mapping.data_ptr()
     # Triton specializes pointers on 16-byte alignment and types an int as i32 or i64 by its
     # value: a kernel compiled for one must not be launched with the other. The plan's key
     # fixes every other argument's specialization.
     key = (block_t, num_warps, eager_loads, max_registers, num_tokens > 0x7FFFFFFF,
-           k_pre.data_ptr() % 16 == 0, positions.data_ptr() % 16 == 0,
-           cos_sin_cache.data_ptr() % 16 == 0, rms_norm_weight.data_ptr() % 16 == 0,
-           k_cache.data_ptr() % 16 == 0, kv_slot_mapping.data_ptr() % 16 == 0)
-    compiled = plan.launches.get(key)
+           k_pre_ptr % 16 == 0, positions_ptr % 16 == 0, cos_sin_ptr % 16 == 0,
+           weight_ptr % 16 == 0, cache_ptr % 16 == 0, slots_ptr % 16 == 0)
+    launch = plan.launches.get(key)
+    if launch is None:
+        # The first launch of a specialization compiles it from the tensors themselves.
+        constexprs = plan.constexprs(block_t, eager_loads)
+        with torch.cuda.device(plan.device):
+            compiled = indexer_k_store_kernel[(grid,)](
+                *_kernel_args(plan, k_pre, positions, cos_sin_cache, rms_norm_weight,
+                              rms_norm_eps, k_cache, kv_slot_mapping, num_tokens, constexprs),
+                num_warps=num_warps, **compile_options(plan.nvidia, plan.pdl, max_registers))
+        plan.launches[key] = compiled, constexprs
+        return
+    # Later launches pass the addresses as integers: Triton's launcher then skips its
+    # per-pointer driver query (is this a device address?), which the plan's device checks
+    # have answered already.
+    compiled, constexprs = launch
+    args = _kernel_args(plan, k_pre_ptr, positions_ptr, cos_sin_ptr, weight_ptr, rms_norm_eps,
+                        cache_ptr, slots_ptr, num_tokens, constexprs)
     if plan.device != torch._C._cuda_getDevice():
         with torch.cuda.device(plan.device):
-            _launch(compiled, plan, key, grid, num_warps, max_registers, args)
+            _launch(compiled, plan.device, grid, args)
     else:
-        _launch(compiled, plan, key, grid, num_warps, max_registers, args)
+        _launch(compiled, plan.device, grid, args)
 
 
-def _launch(compiled, plan: StorePlan, key: tuple, grid: int, num_warps: int,
-            max_registers: int, args: tuple) -> None:
-    if compiled is None:
-        plan.launches[key] = indexer_k_store_kernel[(grid,)](
-            *args, num_warps=num_warps, **compile_options(plan.nvidia, plan.pdl, max_registers))
-        return
+def _kernel_args(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight,
+                 rms_norm_eps, k_cache, kv_slot_mapping, num_tokens: int,
+                 constexprs: tuple) -> tuple:
+    """The kernel's arguments in order; the tensors may be given as their addresses."""
+    k_pre_row_stride, cos_sin_row_stride, max_pos, page_stride, num_slots = plan.sizes
+    return (k_pre, k_pre_row_stride, positions, cos_sin_cache, cos_sin_row_stride, max_pos,
+            rms_norm_weight, float(rms_norm_eps), k_cache, page_stride, num_slots,
+            kv_slot_mapping, num_tokens, *constexprs)
+
+
+def _launch(compiled, device: int, grid: int, args: tuple) -> None:
     # What JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9), minus
     # the launch metadata and hook calls when no launch hook is installed.
-    stream = torch._C._cuda_getCurrentRawStream(plan.device)
+    stream = torch._C._cuda_getCurrentRawStream(device)
     enter_hook = _installed(knobs.runtime.launch_enter_hook)
     metadata = (None if enter_hook is None
                 else compiled.launch_metadata((grid, 1, 1), stream, *args))
@@ -247,31 +273,9 @@ def _installed(hook):
 
 
 _HOOK_CHAIN = getattr(knobs, "HookChain", ())
-_PLANS: dict[tuple, StorePlan] = {}
-_MAX_PLANS = 4096
-
-
-def _vector_layout(t: torch.Tensor) -> tuple:
-    # ``checks.check_index_vector`` ignores the stride of a vector of at most one element:
-    # such a plan must not be reused for a longer vector with that stride.
-    return t.stride() if t.numel() > 1 else (t.dim(), None)
-
-
-def _plan_key(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-              kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
-              shuffle, backend, check_bounds, enable_pdl) -> tuple:
-    """Every property ``plan_store`` checks, except the sizes that depend on the token count."""
-    return (
-        k_pre.dtype, k_pre.shape[1:], k_pre.stride(), k_pre.device,
-        positions.dtype, _vector_layout(positions), positions.device,
-        cos_sin_cache.dtype, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.device,
-        rms_norm_weight.dtype, rms_norm_weight.shape, rms_norm_weight.stride(),
-        rms_norm_weight.device, type(rms_norm_eps),
-        k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device,
-        kv_slot_mapping.dtype, _vector_layout(kv_slot_mapping), kv_slot_mapping.device,
-        compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend,
-        check_bounds, enable_pdl,
-    )
+# A plan fixes everything but the token count: the first size of k_pre, positions and
+# kv_slot_mapping (tensors in the order of ``_tensors``).
+_PLANS = PlanCache(token_dims=((0,), (0,), (), (), (), (0,)))
 
 
 def store_impl(
@@ -279,34 +283,38 @@ def store_impl(
     compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, mx_scales=None, shuffle=None,
     backend=None, check_bounds=False, enable_pdl=None,
 ) -> None:
-    args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-            kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle,
-            backend, check_bounds, enable_pdl)
-    try:
-        key = _plan_key(*args)
-        plan = _PLANS.get(key)
+    tensors = (k_pre, positions, cos_sin_cache, rms_norm_weight, k_cache, kv_slot_mapping)
+    # With their types: 1.0 and True equal 1 as dictionary keys, but are not valid ratios.
+    options = (type(rms_norm_eps), compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
+               shuffle, backend, check_bounds, enable_pdl, type(compress_ratio),
+               type(use_fp4_cache), type(mxfp4_n_per_tile), type(mx_scales), type(shuffle),
+               type(check_bounds), type(enable_pdl))
+    plan = _PLANS.get(options, tensors)
+    if plan is not None:
         num_tokens = kv_slot_mapping.shape[0]
         if k_pre.shape[0] < num_tokens or positions.shape[0] < num_tokens:
-            plan = None  # the checks below name the short tensor
-    except (AttributeError, IndexError, TypeError):  # not even tensors: the checks explain
-        key, plan = None, None
+            plan = None  # the checks name the short tensor
     if plan is None:
-        plan = plan_store(*args)  # raises on any bad argument
-        if key is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        plan = plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                          k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache,
+                          mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
+                          enable_pdl)  # raises on any bad argument
+        # An index vector of one element may have any stride: a plan kept for it would
+        # let a longer vector with that stride through.
+        if positions.stride() == (1,) and kv_slot_mapping.stride() == (1,):
+            _PLANS.add(options, tensors, plan)
+        num_tokens = kv_slot_mapping.shape[0]
     if check_bounds:
         check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio)
-    if kv_slot_mapping.shape[0] == 0:
+    if num_tokens == 0:
         return
     if plan.backend == "reference":
         reference.store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                         kv_slot_mapping, compress_ratio, use_fp4_cache, mx_scales=plan.mx_scales,
                         layout_code=plan.layout, n_per_tile=plan.n_per_tile)
     else:
-        launch_store(plan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
-                     k_cache, kv_slot_mapping)
+        launch_store(plan, num_tokens, k_pre, positions, cos_sin_cache, rms_norm_weight,
+                     rms_norm_eps, k_cache, kv_slot_mapping)
 
 
 def indexer_k_norm_rope_store(
@@ -346,16 +354,18 @@ def indexer_k_norm_rope_store(
             or writing memory; it also lets the next kernel launch early. ``None`` = on for
             NVIDIA GPUs of compute capability 9.0 and newer.
     """
-    args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-            kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
     if (type(k_cache) is torch.Tensor and type(k_pre) is torch.Tensor
             and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
             and not torch._C._is_torch_function_mode_enabled()):
         # Plain eager call: run the op's own implementation without the dispatcher's
         # boxing (several microseconds per call). Anything that traces or compiles
         # (torch.compile, fake or functional tensors, dispatch modes) goes through the op.
-        store_impl(*args, mx_scales, shuffle, backend, check_bounds, enable_pdl)
+        store_impl(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                   kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
+                   shuffle, backend, check_bounds, enable_pdl)
         return
+    args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+            kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
     try:
         torch.ops.indexer_kcache.indexer_k_norm_rope_store(
             *args, mx_scales=mx_scales, shuffle=shuffle, backend=backend,
