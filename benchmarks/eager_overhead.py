@@ -44,7 +44,8 @@ def variants() -> dict:
     store.launch_store(plan, 1, *args[:7])  # compiles: later launches take the compiled kernel
     (compiled,) = plan.launches.values()
     pointers = [inputs[k].data_ptr() for k in bench.STORE_ARGS[:7] if k != "rms_norm_eps"]
-    kernel_args = store._kernel_args(plan, 1, 1, True, *pointers[:4], 1e-6, *pointers[4:])
+    kernel_args = store._kernel_args(plan, *pointers[:4], 1e-6, *pointers[4:], 1,
+                                     plan.constexprs(1, True))
     rows.update({
         "op dispatch + store_impl": lambda: torch.ops.indexer_kcache.indexer_k_norm_rope_store(
             *args, mx_scales=False),

@@ -21,7 +21,9 @@ MID = [(4, 1, True, 0), (8, 1, True, 0), (8, 2, True, 0), (16, 2, True, 0), (16,
        (4, 1, False, 0), (8, 1, False, 0), (8, 2, False, 0)]
 LARGE = [(32, 2, True, 0), (32, 4, True, 0), (64, 4, True, 0), (32, 2, False, 0),
          (32, 4, False, 0), (64, 4, False, 0), (32, 4, False, 96), (32, 4, False, 88),
-         (32, 4, False, 80), (32, 4, False, 72), (16, 2, False, 80), (32, 2, False, 128)]
+         (32, 4, False, 80), (32, 4, False, 72), (16, 2, False, 80), (32, 2, False, 128),
+         (16, 2, False, 0), (16, 2, False, 96), (16, 2, False, 72), (16, 4, False, 0),
+         (8, 1, False, 0), (8, 1, False, 80), (8, 2, False, 0), (16, 1, False, 0)]
 CANDIDATES = {1: SMALL, 64: SMALL, 512: SMALL, 4096: MID, 32768: LARGE, 262144: LARGE}
 
 
