@@ -165,7 +165,7 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     encoding). Ratio 2 takes token pairs, so that the rows of skipped tokens are not read;
     as each key row waits for the slots and positions, it needs more programs in flight:
     above 64K tokens, 16 pairs over 2 warps with a cap of 80 registers a thread (0 = the
-    compiler's choice), 12 programs to an SM.
+    compiler's choice), 12 programs to an SM; 96 for MXFP4's longer encoding (10 to an SM).
     """
     if interpreted:
         return 64, 1, False, 0  # the interpreter's cost is per program: fewer, larger ones
@@ -178,7 +178,7 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     if num_tokens <= 65536:
         return (32, 4, True, 0) if compress_ratio == 1 else (32, 4, False, 0)
     if compress_ratio == 2:
-        return 16, 2, False, 80
+        return (16, 2, False, 96) if use_fp4 else (16, 2, False, 80)
     return (32, 2, True, 0) if use_fp4 else (32, 4, True, 0)
 
 
