@@ -126,6 +126,14 @@ def test_tensors_on_the_second_gpu():
     want = case.new_cache()
     ik.indexer_k_norm_rope_store(*case.args(want), backend="reference")
     assert torch.equal(pages(cache), pages(want))
+    again = case.new_cache()  # the cached plan and compiled kernel now, from device 0
+    ik.indexer_k_norm_rope_store(*case.args(again))
+    assert torch.equal(pages(again), pages(want))
+    on_0 = make_case(100, block_size=64, num_blocks=4, device="cuda:0")  # same layout
+    cache_0, want_0 = on_0.new_cache(), on_0.new_cache()
+    ik.indexer_k_norm_rope_store(*on_0.args(cache_0))
+    ik.indexer_k_norm_rope_store(*on_0.args(want_0), backend="reference")
+    assert torch.equal(pages(cache_0), pages(want_0))
     got = ik.dequantize_indexer_k(cache, case.slots[case.slots >= 0], False)
     assert got.device == torch.device("cuda:1")
     with pytest.raises(ValueError, match="device"):
