@@ -123,3 +123,31 @@ def test_a_one_element_vector_with_another_stride_is_not_cached(fresh_plans):
     strided = torch.stack([case.slots, case.slots], 1).view(-1)[::2]  # stride 2
     ik.indexer_k_norm_rope_store(*_replace(case.args(case.new_cache()), kv_slot_mapping=strided))
     assert not fresh_plans.plans
+
+
+def test_inference_mode_and_grad_mode_calls_find_their_plans(fresh_plans):
+    """The native guard compares dispatch keys under the thread's modes (and a cache made
+    under ``torch.inference_mode()`` is an inference tensor): each mode keeps its plan,
+    found again on the next round, and every call writes the reference's bytes."""
+    case = make_case(9, num_blocks=4)
+    want = run_store(case, "reference")
+    counts = []
+    for _ in range(3):
+        assert_same_bytes(run_store(case, "triton"), want, "outside")
+        with torch.inference_mode():
+            assert_same_bytes(run_store(case, "triton"), want, "inference mode")
+        with torch.no_grad():
+            assert_same_bytes(run_store(case, "triton"), want, "no_grad")
+        counts.append(sum(len(plans) for plans in fresh_plans.plans.values()))
+    assert counts[0] == counts[-1] <= 3
+
+
+def test_a_plan_whose_guard_rejects_its_own_tensors_is_not_kept(monkeypatch):
+    class Never(plan_cache.MetadataGuard):
+        def check(self, *tensors):
+            return False
+
+    monkeypatch.setattr(plan_cache, "GUARD_CLASS", Never)
+    cache = plan_cache.PlanCache(token_dims=((0,),))
+    cache.add(("options",), (torch.arange(3),), "plan")
+    assert not cache.plans  # else every call would add one more plan that is never found

@@ -86,6 +86,10 @@ class PlanCache:
                 t_sizes[d] = None
         guard = GUARD_CLASS(*tensors, dynamic_dims_sizes=sizes,
                             dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        if not guard.check(*tensors):
+            # Would never be found (the native guard compares dispatch keys under the
+            # thread's current modes): leave such calls to the full checks.
+            return
         candidates = self.plans.setdefault(options, [])
         if len(candidates) >= self.max_per_options:
             del candidates[0]  # the oldest
