@@ -6,7 +6,7 @@ host, so the variants run in interleaved rounds (every variant once per round, a
 ``--calls`` calls each) and each is reported as the median of its rounds, next to the
 empty launch of the same rounds.
 
-    python benchmarks/eager_overhead.py [--rounds 15] [--calls 1000] [--profile]
+    python benchmarks/eager_overhead.py [--rounds 15] [--calls 1000] [--profile] [--readers]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def loop_us(fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def variants() -> dict:
+def variants(readers: bool) -> dict:
     empty = bench.empty_launch_fn()
     rows = {"empty triton launch": empty}
     for fmt, cr, tokens in (("fp8", 1, 1), ("mxfp4", 2, 512)):
@@ -54,6 +54,16 @@ def variants() -> dict:
         "Triton's launcher alone": lambda: store._launch(compiled, plan.device, 1, kernel_args),
         "plan_store (full checks)": lambda: store.plan_store(*full),
     })
+    if readers:
+        from indexer_kcache import dequantize_indexer_k, gather_indexer_k
+
+        inputs = bench.make_inputs(64, "fp8", 1, "cuda")
+        bench.store_call(inputs, False)()
+        cache, slots = inputs["k_cache"], inputs["kv_slot_mapping"]
+        rows["gather, 64 rows"] = lambda: gather_indexer_k(cache, slots, False,
+                                                           check_bounds=False)
+        rows["dequantize, 64 rows"] = lambda: dequantize_indexer_k(
+            cache, slots, False, mx_scales=False, check_bounds=False)
     return rows
 
 
@@ -62,8 +72,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--profile", action="store_true", help="cProfile the 1-token call")
+    parser.add_argument("--readers", action="store_true", help="the readers too (64 rows)")
     options = parser.parse_args()
-    rows = variants()
+    rows = variants(options.readers)
     for fn in rows.values():  # compile and warm up
         loop_us(fn, 100)
     times = {name: [] for name in rows}
@@ -82,13 +93,16 @@ def main() -> None:
         import cProfile
         import pstats
 
-        call = rows["public, fp8 cr1 1 tok"]
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(2000):
-            call()
-        profile.disable()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+        for name in ("public, fp8 cr1 1 tok", "gather, 64 rows"):
+            if name not in rows:
+                continue
+            print(name)
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(2000):
+                rows[name]()
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(16)
 
 
 if __name__ == "__main__":
