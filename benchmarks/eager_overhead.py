@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from indexer_kcache import bench, store
+from indexer_kcache import bench, direct_launch, store
 
 
 def loop_us(fn, calls: int) -> float:
@@ -51,7 +51,8 @@ def variants(readers: bool) -> dict:
             *args, mx_scales=False),
         "store_impl": lambda: store.store_impl(*full),
         "launch_store": lambda: store.launch_store(plan, 1, *args[:7]),
-        "Triton's launcher alone": lambda: store._launch(compiled, plan.device, 1, kernel_args),
+        "Triton's launcher alone": lambda: direct_launch.launch_compiled(compiled, plan.device, 1,
+                                                                     kernel_args),
         "plan_store (full checks)": lambda: store.plan_store(*full),
     })
     if readers:

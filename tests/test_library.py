@@ -136,6 +136,8 @@ def test_tensors_on_the_second_gpu():
     assert torch.equal(pages(cache_0), pages(want_0))
     got = ik.dequantize_indexer_k(cache, case.slots[case.slots >= 0], False)
     assert got.device == torch.device("cuda:1")
+    again = ik.dequantize_indexer_k(cache, case.slots[case.slots >= 0], False)  # direct launch
+    assert torch.equal(again, got)
     with pytest.raises(ValueError, match="device"):
         ik.indexer_k_norm_rope_store(*case.args(cache)[:6], case.slots.to("cuda:0"), 1, False)
 

@@ -128,3 +128,51 @@ def test_random_store_then_read(fmt_layout, seed, num_tokens):
                                                         seed=seed)
     got = ik.gather_indexer_k(cache, case.slots, case.use_fp4_cache, backend="triton", **options)
     assert torch.equal(got[0], values) and torch.equal(got[1], scales)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-mx", "mxfp4"])
+def test_readers_reuse_their_kernels_for_any_row_count(fmt):
+    """After the first call, the slot readers launch the compiled kernel directly; it must
+    not carry anything over from the first call's row count."""
+    case, cache, values, scales, options = written_case(fmt, "row-major")
+    fp4, mx = FORMATS[fmt]
+    for rows in (40, 37, 1, 16, 3, 40):
+        order = torch.randperm(case.slots.numel())[:rows].to(case.slots.device)
+        got_values, got_scales = ik.gather_indexer_k(cache, case.slots[order], fp4, **options)
+        assert torch.equal(got_values, values[order.to(values.device)]), rows
+        assert torch.equal(got_scales, scales[order.to(scales.device)]), rows
+        got = ik.dequantize_indexer_k(cache, case.slots[order], fp4, mx_scales=mx, **options)
+        want = reference.dequantize(values[order.to(values.device)],
+                                    scales[order.to(scales.device)], fp4, mx)
+        assert torch.equal(got, want), rows
+
+
+def reader_bad_calls():
+    """(id, exception, words, function of (cache, slots) -> kwargs of the call)."""
+    return [
+        ("slots-dtype", TypeError, "slots", lambda k, s: dict(slots=s.float())),
+        ("slots-2d", ValueError, "slots", lambda k, s: dict(slots=s.view(1, -1))),
+        ("slots-stride", ValueError, "slots.stride(0)",
+         lambda k, s: dict(slots=torch.stack([s, s], 1).view(-1)[::2])),
+        ("slots-device", ValueError, "device", lambda k, s: dict(slots=s.to("meta"))),
+        ("cache-dtype", TypeError, "k_cache", lambda k, s: dict(k_cache=k.view(torch.int8))),
+        ("cache-fp4", ValueError, "k_cache.shape[2]", lambda k, s: dict(use_fp4_cache=True)),
+        ("cache-2d", ValueError, "k_cache", lambda k, s: dict(k_cache=k[0])),
+        ("fp4-type", TypeError, "use_fp4_cache", lambda k, s: dict(use_fp4_cache=0)),
+        ("backend", ValueError, "backend", lambda k, s: dict(backend="cuda")),
+    ]
+
+
+@pytest.mark.parametrize("reader", ["gather", "dequantize"])
+@pytest.mark.parametrize("name, error, words, change", reader_bad_calls(),
+                         ids=[b[0] for b in reader_bad_calls()])
+def test_a_cached_reader_plan_never_lets_a_bad_call_through(reader, name, error, words, change):
+    import re
+
+    case, cache, *_ = written_case("fp8", "row-major", num_tokens=8, block_size=16,
+                                   num_blocks=1)
+    fn = ik.gather_indexer_k if reader == "gather" else ik.dequantize_indexer_k
+    call = dict(k_cache=cache, slots=case.slots, use_fp4_cache=False)
+    fn(**call)  # valid: its plan is kept
+    with pytest.raises(error, match=re.escape(words)):
+        fn(**(call | change(cache, case.slots)))

@@ -251,11 +251,11 @@ def test_an_empty_launch_hook_chain_counts_as_no_hook():
     """Triton's hook chains are never None; the launcher skips the launch metadata and the
     hook calls only for an empty chain, and keeps any installed hook."""
     chain = knobs.HookChain()
-    assert ik.store._installed(None) is None
-    assert ik.store._installed(chain) is None
+    assert ik.direct_launch._installed(None) is None
+    assert ik.direct_launch._installed(chain) is None
     chain.add(print)
-    assert ik.store._installed(chain) is chain
-    assert ik.store._installed(print) is print
+    assert ik.direct_launch._installed(chain) is chain
+    assert ik.direct_launch._installed(print) is print
 
 
 @pytest.mark.gpu

@@ -16,7 +16,11 @@ import contextlib
 import torch
 
 from . import checks, layout, reference
+from .direct_launch import launch_compiled, plain_eager
 from .kernels import INTERPRETED, gather_indexer_k_kernel
+from .plan_cache import PlanCache
+
+BLOCK_R = 64 if INTERPRETED else 32  # rows per program
 
 
 def _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend, check_bounds):
@@ -28,8 +32,49 @@ def _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend, check_boun
     return layout_code, n_per_tile, checks.resolve_backend(backend, k_cache.device)
 
 
+class SlotReaderPlan:
+    """A checked call of ``gather_indexer_k`` or ``dequantize_indexer_k``: what does not
+    change while the cache's metadata and the options don't."""
+
+    __slots__ = ("layout", "n_per_tile", "backend", "mx_scales", "device", "launches")
+
+    def __init__(self, layout_code, n_per_tile, backend, mx_scales, device) -> None:
+        self.layout, self.n_per_tile, self.backend = layout_code, n_per_tile, backend
+        self.mx_scales, self.device = mx_scales, device
+        self.launches = {}  # specialization key -> compiled kernel (see _launch)
+
+
+# A plan fixes everything but the number of slots (tensors: k_cache, slots).
+_SLOT_READER_PLANS = PlanCache(token_dims=((), (0,)))
+
+
+def _slot_reader_plan(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
+                      check_bounds, mx_scales, dequantize) -> SlotReaderPlan:
+    """Check every argument once per new metadata; raises before reading anything."""
+    options = (use_fp4_cache, shuffle, mxfp4_n_per_tile, backend, check_bounds, mx_scales,
+               dequantize, type(use_fp4_cache), type(shuffle), type(mxfp4_n_per_tile),
+               type(check_bounds), type(mx_scales))
+    tensors = (k_cache, slots)
+    plan = _SLOT_READER_PLANS.get(options, tensors)
+    if plan is not None:
+        return plan
+    layout_code, n_per_tile, backend = _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile,
+                                             backend, check_bounds)
+    checks.check_flag("mx_scales", mx_scales, allow_none=True)
+    checks.check_index_vector("slots", slots)
+    checks.check_same_device("k_cache", k_cache, slots=slots)
+    if mx_scales is None:
+        mx_scales = checks.default_mx_scales(k_cache.device)
+    plan = SlotReaderPlan(layout_code, n_per_tile, backend,
+                          dequantize and mx_scales and not use_fp4_cache, k_cache.get_device())
+    if slots.stride() == (1,):  # a one-element vector's other strides would let longer ones in
+        _SLOT_READER_PLANS.add(options, tensors, plan)
+    return plan
+
+
 def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, block_table=None,
-            cu_seq_lens=None, num_rows, max_seq_len=0, mx_scales=False, dequantize=False):
+            cu_seq_lens=None, num_rows, max_seq_len=0, mx_scales=False, dequantize=False,
+            plan: SlotReaderPlan | None = None):
     device = k_cache.device
     if dequantize:
         keys = torch.empty((num_rows, layout.HEAD_DIM), dtype=torch.float32, device=device)
@@ -41,23 +86,41 @@ def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, bloc
         keys = values  # not written: the kernel's dequantize branch is compiled out
     if num_rows == 0:
         return keys if dequantize else (values, scales)
-    block_r = 64 if INTERPRETED else 32
     by_blocks = block_table is not None
     if by_blocks:
-        grid = (block_table.shape[0], -(-max_seq_len // block_r))
+        grid = (block_table.shape[0], -(-max_seq_len // BLOCK_R))
         table_args = (block_table, block_table.stride(0), block_table.shape[1], cu_seq_lens)
         slots = cu_seq_lens  # unused pointer
     else:
-        grid = (-(-num_rows // block_r),)
+        grid = (-(-num_rows // BLOCK_R),)
         table_args = (slots, 0, 0, slots)  # unused pointers
+    constexprs = (use_fp4_cache, mx_scales, layout_code, n_per_tile, k_cache.shape[1], by_blocks,
+                  dequantize, BLOCK_R)
+    sizes = (k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1])
+    if plan is not None and not INTERPRETED:
+        # Slot readers after their first launch: the compiled kernel, called directly. The
+        # plan's key fixes k_cache's sizes; Triton specializes pointers on 16-byte
+        # alignment and types num_rows as i32 or i64 by its value.
+        pointers = (k_cache.data_ptr(), slots.data_ptr(), values.data_ptr(),
+                    scales.data_ptr(), keys.data_ptr())
+        key = (dequantize, num_rows > 0x7FFFFFFF, *[p % 16 == 0 for p in pointers])
+        compiled = plan.launches.get(key)
+        if compiled is not None:
+            k_ptr, slots_ptr, values_ptr, scales_ptr, keys_ptr = pointers
+            args = (k_ptr, *sizes, slots_ptr, num_rows, slots_ptr, 0, 0, slots_ptr, values_ptr,
+                    scales_ptr, keys_ptr, *constexprs)
+            if plan.device != torch._C._cuda_getDevice():
+                with torch.cuda.device(plan.device):
+                    launch_compiled(compiled, plan.device, grid[0], args)
+            else:
+                launch_compiled(compiled, plan.device, grid[0], args)
+            return keys if dequantize else (values, scales)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        gather_indexer_k_kernel[grid](
-            k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
-            slots, num_rows, *table_args, values, scales, keys,
-            USE_FP4=use_fp4_cache, MX_SCALES=mx_scales, LAYOUT=layout_code,
-            N_PER_TILE=n_per_tile, BLOCK_SIZE=k_cache.shape[1], BY_BLOCKS=by_blocks,
-            DEQUANTIZE=dequantize, BLOCK_R=block_r, num_warps=4,
-        )
+        compiled = gather_indexer_k_kernel[grid](
+            k_cache, *sizes, slots, num_rows, *table_args, values, scales, keys, *constexprs,
+            num_warps=4)
+    if plan is not None and not INTERPRETED:
+        plan.launches[key] = compiled
     return keys if dequantize else (values, scales)
 
 
@@ -82,16 +145,14 @@ class _named_errors:
 
 def gather_impl(k_cache, slots, use_fp4_cache, shuffle=None, mxfp4_n_per_tile=0, backend=None,
                 check_bounds=True):
-    layout_code, n_per_tile, backend = _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile,
-                                             backend, check_bounds)
-    checks.check_index_vector("slots", slots)
-    checks.check_same_device("k_cache", k_cache, slots=slots)
-    if backend == "reference":
-        return reference.gather(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
+    plan = _slot_reader_plan(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
+                             check_bounds, None, False)
+    if plan.backend == "reference":
+        return reference.gather(k_cache, slots, use_fp4_cache, plan.layout, plan.n_per_tile)
     if check_bounds:
         reference.check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
-    return _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, slots=slots,
-                   num_rows=slots.shape[0])
+    return _launch(k_cache, use_fp4_cache, plan.layout, plan.n_per_tile, slots=slots,
+                   num_rows=slots.shape[0], plan=plan)
 
 
 def gather_by_blocks_impl(k_cache, block_table, cu_seq_lens, use_fp4_cache, shuffle=None,
@@ -128,21 +189,16 @@ def gather_by_blocks_impl(k_cache, block_table, cu_seq_lens, use_fp4_cache, shuf
 
 def dequantize_impl(k_cache, slots, use_fp4_cache, mx_scales=None, shuffle=None,
                     mxfp4_n_per_tile=0, backend=None, check_bounds=True):
-    layout_code, n_per_tile, backend = _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile,
-                                             backend, check_bounds)
-    checks.check_flag("mx_scales", mx_scales, allow_none=True)
-    checks.check_index_vector("slots", slots)
-    checks.check_same_device("k_cache", k_cache, slots=slots)
-    if mx_scales is None:
-        mx_scales = checks.default_mx_scales(k_cache.device)
-    if backend == "reference":
-        values, scales = reference.gather(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
-        return reference.dequantize(values, scales, use_fp4_cache, mx_scales)
+    plan = _slot_reader_plan(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
+                             check_bounds, mx_scales, True)
+    if plan.backend == "reference":
+        values, scales = reference.gather(k_cache, slots, use_fp4_cache, plan.layout,
+                                          plan.n_per_tile)
+        return reference.dequantize(values, scales, use_fp4_cache, plan.mx_scales)
     if check_bounds:
         reference.check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
-    return _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, slots=slots,
-                   num_rows=slots.shape[0], mx_scales=mx_scales and not use_fp4_cache,
-                   dequantize=True)
+    return _launch(k_cache, use_fp4_cache, plan.layout, plan.n_per_tile, slots=slots,
+                   num_rows=slots.shape[0], mx_scales=plan.mx_scales, dequantize=True, plan=plan)
 
 
 def gather_indexer_k(
@@ -160,6 +216,9 @@ def gather_indexer_k(
     Returns ``(values, scales)``: uint8 ``[n, 128]`` (FP8) or ``[n, 64]`` (MXFP4) and uint8
     ``[n, 4]``, both contiguous, whatever the page layout.
     """
+    if plain_eager(k_cache, slots):  # the op's implementation, without the dispatcher
+        return gather_impl(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
+                           check_bounds)
     kwargs = dict(shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile, backend=backend,
                   check_bounds=check_bounds)
     with _named_errors(k_cache, use_fp4_cache, kwargs, slots=slots):
@@ -199,6 +258,9 @@ def dequantize_indexer_k(
     check_bounds: bool = True,
 ) -> torch.Tensor:
     """The stored keys of ``slots`` as float32 ``[n, 128]`` (codes times their scales)."""
+    if plain_eager(k_cache, slots):  # the op's implementation, without the dispatcher
+        return dequantize_impl(k_cache, slots, use_fp4_cache, mx_scales, shuffle,
+                               mxfp4_n_per_tile, backend, check_bounds)
     kwargs = dict(shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile, backend=backend,
                   check_bounds=check_bounds)
     checks.check_flag("mx_scales", mx_scales, allow_none=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numbers
 
 import torch
-from triton import knobs
 
 from . import checks, layout, reference
 from .checks import fail_type, fail_value
+from .direct_launch import launch_compiled, plain_eager
 from .kernels import INTERPRETED, indexer_k_store_kernel
 from .plan_cache import PlanCache
 
@@ -227,9 +227,9 @@ def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cac
                         cache_ptr, slots_ptr, num_tokens, constexprs)
     if plan.device != torch._C._cuda_getDevice():
         with torch.cuda.device(plan.device):
-            _launch(compiled, plan.device, grid, args)
+            launch_compiled(compiled, plan.device, grid, args)
     else:
-        _launch(compiled, plan.device, grid, args)
+        launch_compiled(compiled, plan.device, grid, args)
 
 
 def _kernel_args(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight,
@@ -240,17 +240,6 @@ def _kernel_args(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weig
     return (k_pre, k_pre_row_stride, positions, cos_sin_cache, cos_sin_row_stride, max_pos,
             rms_norm_weight, float(rms_norm_eps), k_cache, page_stride, num_slots,
             kv_slot_mapping, num_tokens, *constexprs)
-
-
-def _launch(compiled, device: int, grid: int, args: tuple) -> None:
-    # What JITFunction.run does once it has found the kernel (Triton 3.6 to 3.9), minus
-    # the launch metadata and hook calls when no launch hook is installed.
-    stream = torch._C._cuda_getCurrentRawStream(device)
-    enter_hook = _installed(knobs.runtime.launch_enter_hook)
-    metadata = (None if enter_hook is None
-                else compiled.launch_metadata((grid, 1, 1), stream, *args))
-    compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
-                 enter_hook, _installed(knobs.runtime.launch_exit_hook), *args)
 
 
 def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
@@ -264,15 +253,6 @@ def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
     return options
 
 
-def _installed(hook):
-    """A launch hook, or None. Triton keeps hooks in a chain that is never None itself (and
-    builds the launch metadata whenever it is not None): an empty chain counts as none."""
-    if hook is None or (isinstance(hook, _HOOK_CHAIN) and not hook.calls):
-        return None
-    return hook
-
-
-_HOOK_CHAIN = getattr(knobs, "HookChain", ())
 # A plan fixes everything but the token count: the first size of k_pre, positions and
 # kv_slot_mapping (tensors in the order of ``_tensors``).
 _PLANS = PlanCache(token_dims=((0,), (0,), (), (), (), (0,)))
@@ -354,12 +334,7 @@ def indexer_k_norm_rope_store(
             or writing memory; it also lets the next kernel launch early. ``None`` = on for
             NVIDIA GPUs of compute capability 9.0 and newer.
     """
-    if (type(k_cache) is torch.Tensor and type(k_pre) is torch.Tensor
-            and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
-            and not torch._C._is_torch_function_mode_enabled()):
-        # Plain eager call: run the op's own implementation without the dispatcher's
-        # boxing (several microseconds per call). Anything that traces or compiles
-        # (torch.compile, fake or functional tensors, dispatch modes) goes through the op.
+    if plain_eager(k_cache, k_pre):  # the op's implementation, without the dispatcher
         store_impl(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                    kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
                    shuffle, backend, check_bounds, enable_pdl)

@@ -12,7 +12,9 @@ from ..layout import scale_offset_tl, value_offset_tl
 from .numerics import e2m1_to_float, e4m3_to_float, ue8m0_to_float
 
 
-@triton.jit
+# num_rows is not specialized (Triton would assume a multiple of 16 from one call's count):
+# the launcher reuses a compiled kernel for any number of rows.
+@triton.jit(do_not_specialize=["num_rows"])
 def gather_indexer_k_kernel(
     cache_ptr, page_stride, num_slots,
     slot_ptr, num_rows,
