@@ -254,7 +254,7 @@ def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
 
 
 # A plan fixes everything but the token count: the first size of k_pre, positions and
-# kv_slot_mapping (tensors in the order of ``_tensors``).
+# kv_slot_mapping (the tensors in the order ``store_impl`` passes them).
 _PLANS = PlanCache(token_dims=((0,), (0,), (), (), (), (0,)))
 
 
