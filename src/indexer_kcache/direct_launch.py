@@ -16,7 +16,11 @@ from triton import knobs
 def launch_compiled(compiled, device: int, grid: int, args: tuple) -> None:
     """What ``JITFunction.run`` does once it has found the kernel (Triton 3.6 to 3.9), minus
     the launch metadata and hook calls when no launch hook is installed. Runs on the
-    current stream of ``device``, which must be the current device."""
+    current stream of ``device`` (a CUDA device index), whichever device is current."""
+    if device != torch._C._cuda_getDevice():
+        with torch.cuda.device(device):
+            launch_compiled(compiled, device, grid, args)
+        return
     stream = torch._C._cuda_getCurrentRawStream(device)
     enter_hook = _installed(knobs.runtime.launch_enter_hook)
     metadata = (None if enter_hook is None

@@ -87,40 +87,34 @@ def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, bloc
     if num_rows == 0:
         return keys if dequantize else (values, scales)
     by_blocks = block_table is not None
-    if by_blocks:
-        grid = (block_table.shape[0], -(-max_seq_len // BLOCK_R))
-        table_args = (block_table, block_table.stride(0), block_table.shape[1], cu_seq_lens)
-        slots = cu_seq_lens  # unused pointer
-    else:
-        grid = (-(-num_rows // BLOCK_R),)
-        table_args = (slots, 0, 0, slots)  # unused pointers
     constexprs = (use_fp4_cache, mx_scales, layout_code, n_per_tile, k_cache.shape[1], by_blocks,
                   dequantize, BLOCK_R)
-    sizes = (k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1])
+    tensors = (k_cache, cu_seq_lens if by_blocks else slots, values, scales, keys)
+    compiled = key = None
     if plan is not None and not INTERPRETED:
-        # Slot readers after their first launch: the compiled kernel, called directly. The
-        # plan's key fixes k_cache's sizes; Triton specializes pointers on 16-byte
-        # alignment and types num_rows as i32 or i64 by its value.
-        pointers = (k_cache.data_ptr(), slots.data_ptr(), values.data_ptr(),
-                    scales.data_ptr(), keys.data_ptr())
+        # Slot readers: after their first launch, the compiled kernel, called directly with
+        # the addresses. The plan's key fixes k_cache's sizes; Triton specializes pointers
+        # on 16-byte alignment and types num_rows as i32 or i64 by its value.
+        pointers = tuple(t.data_ptr() for t in tensors)
         key = (dequantize, num_rows > 0x7FFFFFFF, *[p % 16 == 0 for p in pointers])
         compiled = plan.launches.get(key)
-        if compiled is not None:
-            k_ptr, slots_ptr, values_ptr, scales_ptr, keys_ptr = pointers
-            args = (k_ptr, *sizes, slots_ptr, num_rows, slots_ptr, 0, 0, slots_ptr, values_ptr,
-                    scales_ptr, keys_ptr, *constexprs)
-            if plan.device != torch._C._cuda_getDevice():
-                with torch.cuda.device(plan.device):
-                    launch_compiled(compiled, plan.device, grid[0], args)
-            else:
-                launch_compiled(compiled, plan.device, grid[0], args)
-            return keys if dequantize else (values, scales)
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        compiled = gather_indexer_k_kernel[grid](
-            k_cache, *sizes, slots, num_rows, *table_args, values, scales, keys, *constexprs,
-            num_warps=4)
-    if plan is not None and not INTERPRETED:
-        plan.launches[key] = compiled
+    cache_arg, slots_arg, values_arg, scales_arg, keys_arg = (
+        tensors if compiled is None else pointers)
+    if by_blocks:  # slots_arg (cu_seq_lens) is an unused pointer there
+        grid = (block_table.shape[0], -(-max_seq_len // BLOCK_R))
+        table_args = (block_table, block_table.stride(0), block_table.shape[1], cu_seq_lens)
+    else:  # the table's pointers are unused
+        grid = (-(-num_rows // BLOCK_R),)
+        table_args = (slots_arg, 0, 0, slots_arg)
+    args = (cache_arg, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1], slots_arg,
+            num_rows, *table_args, values_arg, scales_arg, keys_arg, *constexprs)
+    if compiled is not None:
+        launch_compiled(compiled, plan.device, grid[0], args)
+    else:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            compiled = gather_indexer_k_kernel[grid](*args, num_warps=4)
+        if key is not None:
+            plan.launches[key] = compiled
     return keys if dequantize else (values, scales)
 
 

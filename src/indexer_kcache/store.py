@@ -223,13 +223,9 @@ def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cac
     # per-pointer driver query (is this a device address?), which the plan's device checks
     # have answered already.
     compiled, constexprs = launch
-    args = _kernel_args(plan, k_pre_ptr, positions_ptr, cos_sin_ptr, weight_ptr, rms_norm_eps,
-                        cache_ptr, slots_ptr, num_tokens, constexprs)
-    if plan.device != torch._C._cuda_getDevice():
-        with torch.cuda.device(plan.device):
-            launch_compiled(compiled, plan.device, grid, args)
-    else:
-        launch_compiled(compiled, plan.device, grid, args)
+    launch_compiled(compiled, plan.device, grid, _kernel_args(
+        plan, k_pre_ptr, positions_ptr, cos_sin_ptr, weight_ptr, rms_norm_eps, cache_ptr,
+        slots_ptr, num_tokens, constexprs))
 
 
 def _kernel_args(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight,
