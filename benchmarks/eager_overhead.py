@@ -13,20 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from indexer_kcache import bench, direct_launch, store
-
-
-def loop_us(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def variants(readers: bool) -> dict:
@@ -77,11 +67,11 @@ def main() -> None:
     options = parser.parse_args()
     rows = variants(options.readers)
     for fn in rows.values():  # compile and warm up
-        loop_us(fn, 100)
+        bench.loop_us(fn, 100, torch.cuda.synchronize)
     times = {name: [] for name in rows}
     for _ in range(options.rounds):
         for name, fn in rows.items():
-            times[name].append(loop_us(fn, options.calls))
+            times[name].append(bench.loop_us(fn, options.calls, torch.cuda.synchronize))
     empty = times["empty triton launch"]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"{options.rounds} rounds x {options.calls} calls")

@@ -145,18 +145,20 @@ def graph_time_us(fn: Callable[[], None], calls: int, replays: int = 7) -> float
     return statistics.median(times)
 
 
+def loop_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
+    """Wall time per call of a plain loop of ``calls`` calls ending in ``sync()``."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
 def eager_time_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
     """Wall time per call of a plain loop; median of five loops."""
     fn()
     sync()
-    loops = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        loops.append((time.perf_counter() - t0) * 1e6 / calls)
-    return statistics.median(loops)
+    return statistics.median(loop_us(fn, calls, sync) for _ in range(5))
 
 
 def eager_vs_baseline_us(fn: Callable[[], None], baseline: Callable[[], None], calls: int,
@@ -171,11 +173,7 @@ def eager_vs_baseline_us(fn: Callable[[], None], baseline: Callable[[], None], c
     torch.cuda.synchronize()
     for _ in range(rounds):
         for f, times in zip((fn, baseline), loops, strict=True):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e6 / calls)
+            times.append(loop_us(f, calls, torch.cuda.synchronize))
     return statistics.median(loops[0]), statistics.median(loops[1])
 
 
