@@ -1,4 +1,4 @@
-"""Pure-torch reference: the contract in code, on any device.
+"""The store and the readers in pure torch: the cache's contract in code, on any device.
 
 Every function here is written for clarity, not speed. The Triton kernels must write
 and read exactly the bytes these functions do. Two choices make that possible by
@@ -15,8 +15,36 @@ from __future__ import annotations
 
 import torch
 
-from . import layout
-from .layout import HEAD_DIM, MXFP4_GROUP, SCALE_BYTES
+from .. import layout
+from ..layout import HEAD_DIM, MXFP4_GROUP, SCALE_BYTES
+
+__all__ = [
+    "ROPE_DIM",
+    "FP8_MAX",
+    "FP8_AMAX_FLOOR",
+    "MXFP4_MAX",
+    "MXFP4_AMAX_FLOOR",
+    "E2M1_VALUES",
+    "pair_tree_sum",
+    "round_to_bf16",
+    "ceil_log2",
+    "pow2",
+    "normalize_and_rope",
+    "quantize_fp8",
+    "e2m1_codes",
+    "quantize_mxfp4",
+    "cache_bytes",
+    "token_byte_offsets",
+    "written_tokens",
+    "store",
+    "check_slots_in_range",
+    "gather",
+    "slots_of_sequences",
+    "decode_fp8",
+    "decode_e2m1",
+    "ue8m0_to_float",
+    "dequantize",
+]
 
 ROPE_DIM = 64
 FP8_MAX = 448.0
