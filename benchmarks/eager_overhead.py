@@ -1,5 +1,5 @@
 """Where the host time of one eager call goes (GPU machine): an empty Triton launch, the
-public store at small sizes, and its parts.
+public store at small sizes on the fast path and on the plain path, and the store's parts.
 
 Wall time per call drifts by several microseconds over tens of milliseconds on a shared
 host, so the variants run in interleaved rounds (every variant once per round, a loop of
@@ -12,49 +12,50 @@ empty launch of the same rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 import torch
 
-from indexer_kcache import bench, direct_launch, store
+from indexer_kcache import bench, dequantize_indexer_k, fast_path, gather_indexer_k, store
+
+STORE = store.indexer_k_norm_rope_store
 
 
 def variants(readers: bool) -> dict:
-    empty = bench.empty_launch_fn()
-    rows = {"empty triton launch": empty}
+    """name -> (function, runs on the plain path)."""
+    rows = {"empty triton launch": (bench.empty_launch_fn(), False)}
     for fmt, cr, tokens in (("fp8", 1, 1), ("mxfp4", 2, 512)):
         inputs = bench.make_inputs(tokens, fmt, cr, "cuda")
         name = f"{fmt} cr{cr} {tokens} tok"
-        rows[f"public, {name}"] = bench.store_call(inputs, False)
-        rows[f"public no PDL, {name}"] = bench.store_call(inputs, False, enable_pdl=False)
+        rows[f"public, {name}"] = (bench.store_call(inputs, False), False)
+        rows[f"public no PDL, {name}"] = (bench.store_call(inputs, False, enable_pdl=False), False)
+        rows[f"plain path, {name}"] = (bench.store_call(inputs, False), True)
     inputs = bench.make_inputs(1, "fp8", 1, "cuda")
     args = [inputs[k] for k in bench.STORE_ARGS]
-    full = (*args, 0, False, None, None, False, None)
-    plan = store.plan_store(*full)
-    store.launch_store(plan, 1, *args[:7])  # compiles: later launches take the compiled kernel
-    ((compiled, _),) = plan.launches.values()
-    pointers = [inputs[k].data_ptr() for k in bench.STORE_ARGS[:7] if k != "rms_norm_eps"]
-    kernel_args = store._kernel_args(plan, *pointers[:4], 1e-6, *pointers[4:], 1,
-                                     plan.constexprs(1, True))
+    op = STORE.op
+    call = op.Call(*args, 0, False, None, None, False, None)
+    plan = store.check_store(call)
+    store.run_store(plan, call)  # compiles: later launches take the compiled kernel
     rows.update({
-        "op dispatch + store_impl": lambda: torch.ops.indexer_kcache.indexer_k_norm_rope_store(
-            *args, mx_scales=False),
-        "store_impl": lambda: store.store_impl(*full),
-        "launch_store": lambda: store.launch_store(plan, 1, *args[:7]),
-        "Triton's launcher alone": lambda: direct_launch.launch_compiled(compiled, plan.device, 1,
-                                                                     kernel_args),
-        "plan_store (full checks)": lambda: store.plan_store(*full),
+        "through the op (dispatcher)": (
+            lambda: torch.ops.indexer_kcache.indexer_k_norm_rope_store(*args, mx_scales=False),
+            False),
+        "implementation (plan lookup, run)": (lambda: op.implementation(call), False),
+        "run_store (launch)": (lambda: store.run_store(plan, call), False),
+        "check_store (full checks)": (lambda: store.check_store(call), False),
     })
     if readers:
-        from indexer_kcache import dequantize_indexer_k, gather_indexer_k
-
         inputs = bench.make_inputs(64, "fp8", 1, "cuda")
         bench.store_call(inputs, False)()
         cache, slots = inputs["k_cache"], inputs["kv_slot_mapping"]
-        rows["gather, 64 rows"] = lambda: gather_indexer_k(cache, slots, False,
-                                                           check_bounds=False)
-        rows["dequantize, 64 rows"] = lambda: dequantize_indexer_k(
-            cache, slots, False, mx_scales=False, check_bounds=False)
+        gather = lambda: gather_indexer_k(cache, slots, False, check_bounds=False)
+        dequantize = lambda: dequantize_indexer_k(cache, slots, False, mx_scales=False,
+                                                  check_bounds=False)
+        rows["gather, 64 rows"] = (gather, False)
+        rows["dequantize, 64 rows"] = (dequantize, False)
+        rows["plain path, gather, 64 rows"] = (gather, True)
+        rows["plain path, dequantize, 64 rows"] = (dequantize, True)
     return rows
 
 
@@ -66,19 +67,26 @@ def main() -> None:
     parser.add_argument("--readers", action="store_true", help="the readers too (64 rows)")
     options = parser.parse_args()
     rows = variants(options.readers)
-    for fn in rows.values():  # compile and warm up
-        bench.loop_us(fn, 100, torch.cuda.synchronize)
+
+    def loop(fn, plain, calls):
+        with fast_path.disabled() if plain else contextlib.nullcontext():
+            fn()  # after a switch, the first call is checked again
+            return bench.loop_us(fn, calls, torch.cuda.synchronize)
+
+    for fn, plain in rows.values():  # compile and warm up
+        loop(fn, plain, 100)
     times = {name: [] for name in rows}
     for _ in range(options.rounds):
-        for name, fn in rows.items():
-            times[name].append(bench.loop_us(fn, options.calls, torch.cuda.synchronize))
+        for name, (fn, plain) in rows.items():
+            times[name].append(loop(fn, plain, options.calls))
     empty = times["empty triton launch"]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  "
-          f"{options.rounds} rounds x {options.calls} calls")
-    print(f"{'':34} {'median us':>9} {'min':>7} {'max':>7} {'/ empty':>8}")
+          f"{options.rounds} rounds x {options.calls} calls  fast path available: "
+          f"{fast_path.AVAILABLE}")
+    print(f"{'':36} {'median us':>9} {'min':>7} {'max':>7} {'/ empty':>8}")
     for name, values in times.items():
         ratio = statistics.median(v / e for v, e in zip(values, empty, strict=True))
-        print(f"{name:34} {statistics.median(values):9.2f} {min(values):7.2f} "
+        print(f"{name:36} {statistics.median(values):9.2f} {min(values):7.2f} "
               f"{max(values):7.2f} {ratio:7.2f}x")
     if options.profile:
         import cProfile
@@ -91,7 +99,7 @@ def main() -> None:
             profile = cProfile.Profile()
             profile.enable()
             for _ in range(2000):
-                rows[name]()
+                rows[name][0]()
             profile.disable()
             pstats.Stats(profile).sort_stats("tottime").print_stats(16)
 

@@ -34,11 +34,10 @@ def label(setting) -> str:
 
 
 def timed(inputs, fmt, calls, setting, pdl):
-    store.store_settings = lambda *_: setting
-    store.pdl_supported = lambda device: pdl
-    store._PLANS.clear()
-    ok = bench.check_store_bytes(inputs, bench.FORMATS[fmt][1])
-    return bench.graph_time_us(bench.store_call(inputs, bench.FORMATS[fmt][1]), calls), ok
+    mx = bench.FORMATS[fmt][1]
+    with store.store_settings.override(store.StoreSettings(*setting)):
+        ok = bench.check_store_bytes(inputs, mx)
+        return bench.graph_time_us(bench.store_call(inputs, mx, enable_pdl=pdl), calls), ok
 
 
 def main() -> None:
@@ -48,7 +47,6 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*", default=list(CANDIDATES))
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
-    original = store.store_settings, store.pdl_supported
     copy = bench.copy_bandwidth_GBps()
     empty_graph_us, _ = bench.empty_launch_us(args.calls)
     print(f"copy {copy:.0f} GB/s, empty launch {empty_graph_us:.2f} us in a graph")
@@ -70,7 +68,6 @@ def main() -> None:
                          for us, setting, ok in row[:6])
         print(f"{fmt:6} cr{cr} {t:>7}: best {label(best)} {us:6.2f} us {100 * nbytes / us / 1e3 / copy:5.1f}%"
               f" (PDL off {no_pdl_us:.2f}{'' if ok else '!'}) | {cells}", flush=True)
-    store.store_settings, store.pdl_supported = original
 
 
 if __name__ == "__main__":

@@ -1,40 +1,48 @@
 """The plan cache: a plan is reused only for tensors whose metadata it was checked for.
 
-Both guards run: torch's C++ TensorGuards (where it works) and the Python MetadataGuard
-that stands in for it elsewhere.
+Both paths run: the fast path with torch's C++ TensorGuards (where it works) and the plain
+path with the Python MetadataGuard that stands in for it elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
 import torch
 
 import indexer_kcache as ik
-from indexer_kcache import plan_cache, store
+from indexer_kcache import fast_path, launcher
 
 from .cases import make_case, pages
 from .test_errors import _replace, bad_calls
 from .test_store import assert_same_bytes, run_store
 
-GUARDS = [plan_cache.MetadataGuard] + (
-    [plan_cache.GUARD_CLASS] if plan_cache.GUARD_CLASS is not plan_cache.MetadataGuard else [])
+GUARDS = [fast_path.MetadataGuard] + ([fast_path.NATIVE_GUARD] if fast_path.NATIVE_GUARD else [])
 GUARD_IDS = [g.__name__ for g in GUARDS]
+PATHS = ["fast-path", "plain-path"] if fast_path.enabled() else ["plain-path"]
 
 
-@pytest.fixture(params=GUARDS, ids=GUARD_IDS)
-def fresh_plans(request, monkeypatch):
-    """An empty plan cache whose guards are of the given class."""
-    monkeypatch.setattr(plan_cache, "GUARD_CLASS", request.param)
-    monkeypatch.setattr(store, "_PLANS", plan_cache.PlanCache(store._PLANS.token_dims))
-    return store._PLANS
+@pytest.fixture(params=PATHS)
+def fresh_plans(request):
+    """The store's plan cache, emptied, on the fast path (TensorGuards) or the plain path
+    (MetadataGuard)."""
+    plans = ik.indexer_k_norm_rope_store.op.plans
+    with contextlib.nullcontext() if request.param == "fast-path" else fast_path.disabled():
+        plans.clear()
+        yield plans
+    plans.clear()
 
 
 def test_the_native_guard_is_used_where_torch_has_it():
     from torch._C._dynamo import guards
 
-    assert plan_cache.GUARD_CLASS is getattr(guards, "TensorGuards", plan_cache.MetadataGuard)
+    assert fast_path.NATIVE_GUARD is getattr(guards, "TensorGuards", None)
+    if fast_path.enabled():
+        assert fast_path.guard_class() is fast_path.NATIVE_GUARD
+    with fast_path.disabled():
+        assert fast_path.guard_class() is fast_path.MetadataGuard
 
 
 def _base():
@@ -143,11 +151,11 @@ def test_inference_mode_and_grad_mode_calls_find_their_plans(fresh_plans):
 
 
 def test_a_plan_whose_guard_rejects_its_own_tensors_is_not_kept(monkeypatch):
-    class Never(plan_cache.MetadataGuard):
+    class Never(fast_path.MetadataGuard):
         def check(self, *tensors):
             return False
 
-    monkeypatch.setattr(plan_cache, "GUARD_CLASS", Never)
-    cache = plan_cache.PlanCache(token_dims=((0,),))
-    cache.add(("options",), (torch.arange(3),), "plan")
+    monkeypatch.setattr(fast_path, "guard_class", lambda: Never)
+    cache = launcher.PlanCache(token_dims=((0,),))
+    cache.keep(("options",), (torch.arange(3),), "plan")
     assert not cache.plans  # else every call would add one more plan that is never found

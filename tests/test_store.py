@@ -214,16 +214,16 @@ def _setting_id(setting):
 @pytest.mark.parametrize("setting", GPU_SETTINGS, ids=_setting_id)
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 @pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
-def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad, monkeypatch):
+def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad):
     """Each (tokens per program, warps, eager loads, register cap) the GPU launcher picks,
     and others it picked before, whatever the machine running the tests (the interpreter
     would otherwise use one setting only). Page strides that are and are not multiples of
     16 bytes compile to different programs."""
-    monkeypatch.setattr(ik.store, "store_settings", lambda *_: setting)
     case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
                      num_blocks=5, page_pad=page_pad)
     want = run_store(case, "reference")
-    assert_same_bytes(run_store(case, "triton"), want, f"setting {setting}")
+    with ik.store.store_settings.override(ik.store.StoreSettings(*setting)):
+        assert_same_bytes(run_store(case, "triton"), want, f"setting {setting}")
 
 
 @pytest.mark.gpu
@@ -251,11 +251,11 @@ def test_an_empty_launch_hook_chain_counts_as_no_hook():
     """Triton's hook chains are never None; the launcher skips the launch metadata and the
     hook calls only for an empty chain, and keeps any installed hook."""
     chain = knobs.HookChain()
-    assert ik.direct_launch._installed(None) is None
-    assert ik.direct_launch._installed(chain) is None
+    assert ik.fast_path.installed_hook(None) is None
+    assert ik.fast_path.installed_hook(chain) is None
     chain.add(print)
-    assert ik.direct_launch._installed(chain) is chain
-    assert ik.direct_launch._installed(print) is print
+    assert ik.fast_path.installed_hook(chain) is chain
+    assert ik.fast_path.installed_hook(print) is print
 
 
 @pytest.mark.gpu

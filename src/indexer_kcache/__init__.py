@@ -2,10 +2,10 @@
 
 The store (``indexer_k_norm_rope_store``) normalises, rotates, quantizes (FP8 with fp32
 or MX scales, or MXFP4) and writes the keys into the paged uint8 cache; the readers
-gather and dequantize them back. See ``layout`` for the page format.
+gather and dequantize them back. See ``layout`` for the page format. Every op is also a
+``torch.library`` op of the ``indexer_kcache`` namespace (``launcher`` declares them).
 """
 
-from . import library  # noqa: F401  (registers the torch.library ops)
 from .layout import cache_row_bytes
 from .readers import dequantize_indexer_k, gather_indexer_k, gather_indexer_k_by_blocks
 from .store import indexer_k_norm_rope_store

@@ -1,4 +1,4 @@
-"""Argument checks shared by the store and the readers.
+"""Argument checks shared by every op, and the host-side bounds checks.
 
 Every failure raises ``TypeError`` (wrong type or dtype), ``ValueError`` (wrong shape,
 stride, device or value) or ``NotImplementedError`` (a combination no layout defines),
@@ -135,3 +135,36 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
         fail_value("backend", "'reference' for CPU tensors (or set TRITON_INTERPRET=1 before "
                    "importing indexer_kcache to run the Triton kernels on the CPU)", "'triton'")
     return backend
+
+
+# ------------------------------------------------------------------------ bounds checks
+# Synchronising host checks, run only when a call asks for them (``check_bounds=True``):
+# the kernels themselves skip out-of-range indices rather than touch memory outside the
+# cache, but a caller may want to know.
+def check_store_bounds(positions: torch.Tensor, max_pos: int, num_slots: int,
+                       kv_slot_mapping: torch.Tensor, compress_ratio: int) -> None:
+    """IndexError naming the first token whose slot is not -1 or a cache slot, or which
+    writes (a group's last token) at a group position outside ``[0, max_pos)``."""
+    num_tokens = kv_slot_mapping.shape[0]
+    slots = kv_slot_mapping.long()
+    pos = positions[:num_tokens].long()
+    group_pos = torch.div(pos, compress_ratio, rounding_mode="floor") * compress_ratio
+    boundary = (pos + 1) % compress_ratio == 0
+    bad_slot = (slots < -1) | (slots >= num_slots)
+    bad_pos = (slots >= 0) & boundary & ((pos < 0) | (group_pos >= max_pos))
+    bad = (bad_slot | bad_pos).nonzero()
+    if bad.numel():
+        t = int(bad[0, 0])
+        raise IndexError(
+            f"token {t}: slot {int(slots[t])} (valid: -1 or [0, {num_slots})), position "
+            f"{int(pos[t])} -> group position {int(group_pos[t])} (valid: [0, {max_pos}))"
+        )
+
+
+def check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots") -> None:
+    """IndexError naming the first slot outside ``[0, num_slots)`` (synchronises)."""
+    bad = ((slots < 0) | (slots >= num_slots)).nonzero()
+    if bad.numel():
+        first = int(bad[0, 0])
+        raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
+                         f"[0, {num_slots})")

@@ -11,190 +11,186 @@ is ever read outside the cache.
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from . import checks, layout, reference
-from .direct_launch import launch_compiled, plain_eager
 from .kernels import INTERPRETED, gather_indexer_k_kernel
-from .plan_cache import PlanCache
+from .launcher import Kernel, KernelLaunch, declare_op
 
 BLOCK_R = 64 if INTERPRETED else 32  # rows per program
+GATHER_KERNEL = Kernel(gather_indexer_k_kernel)
 
 
-def _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend, check_bounds):
-    checks.check_flag("use_fp4_cache", use_fp4_cache)
-    checks.check_flag("check_bounds", check_bounds)
-    checks.check_k_cache(k_cache, use_fp4_cache)
-    layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, shuffle, k_cache.shape[1],
-                                                    mxfp4_n_per_tile, k_cache.device)
-    return layout_code, n_per_tile, checks.resolve_backend(backend, k_cache.device)
+@dataclass(frozen=True, slots=True, eq=False)
+class ReaderPlan:
+    """A checked reader call: what holds while its options and tensors' metadata don't
+    change (everything but the number of rows or sequences)."""
+
+    backend: str
+    use_fp4_cache: bool
+    layout: int
+    n_per_tile: int
+    mx_scales: bool  # dequantize FP8 with four UE8M0 scale bytes
+    check_bounds: bool
+    block_size: int
+    num_slots: int
+    launch: KernelLaunch  # the gather kernel in the reader's mode
 
 
-class SlotReaderPlan:
-    """A checked call of ``gather_indexer_k`` or ``dequantize_indexer_k``: what does not
-    change while the cache's metadata and the options don't."""
-
-    __slots__ = ("layout", "n_per_tile", "backend", "mx_scales", "device", "launches")
-
-    def __init__(self, layout_code, n_per_tile, backend, mx_scales, device) -> None:
-        self.layout, self.n_per_tile, self.backend = layout_code, n_per_tile, backend
-        self.mx_scales, self.device = mx_scales, device
-        self.launches = {}  # specialization key -> compiled kernel (see _launch)
-
-
-# A plan fixes everything but the number of slots (tensors: k_cache, slots).
-_SLOT_READER_PLANS = PlanCache(token_dims=((), (0,)))
-
-
-def _slot_reader_plan(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
-                      check_bounds, mx_scales, dequantize) -> SlotReaderPlan:
-    """Check every argument once per new metadata; raises before reading anything."""
-    options = (use_fp4_cache, shuffle, mxfp4_n_per_tile, backend, check_bounds, mx_scales,
-               dequantize, type(use_fp4_cache), type(shuffle), type(mxfp4_n_per_tile),
-               type(check_bounds), type(mx_scales))
-    tensors = (k_cache, slots)
-    plan = _SLOT_READER_PLANS.get(options, tensors)
-    if plan is not None:
-        return plan
-    layout_code, n_per_tile, backend = _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile,
-                                             backend, check_bounds)
-    checks.check_flag("mx_scales", mx_scales, allow_none=True)
-    checks.check_index_vector("slots", slots)
-    checks.check_same_device("k_cache", k_cache, slots=slots)
+def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: bool | None = None,
+                 block_table: torch.Tensor | None = None) -> ReaderPlan:
+    """The checks every reader shares (the cache, the layout options, the index tensors'
+    dtypes and devices, the backend), and the plan."""
+    checks.check_flag("use_fp4_cache", call.use_fp4_cache)
+    checks.check_flag("check_bounds", call.check_bounds)
+    k_cache = call.k_cache
+    checks.check_k_cache(k_cache, call.use_fp4_cache)
+    num_blocks, block_size, _ = k_cache.shape
+    layout_code, n_per_tile = checks.resolve_layout(call.use_fp4_cache, call.shuffle, block_size,
+                                                    call.mxfp4_n_per_tile, k_cache.device)
+    for name in index_names:
+        checks.check_dtype(name, getattr(call, name), checks.INDEX_DTYPES)
+    checks.check_same_device("k_cache", k_cache, **{n: getattr(call, n) for n in index_names})
     if mx_scales is None:
         mx_scales = checks.default_mx_scales(k_cache.device)
-    plan = SlotReaderPlan(layout_code, n_per_tile, backend,
-                          dequantize and mx_scales and not use_fp4_cache, k_cache.get_device())
-    if slots.stride() == (1,):  # a one-element vector's other strides would let longer ones in
-        _SLOT_READER_PLANS.add(options, tensors, plan)
-    return plan
-
-
-def _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, *, slots=None, block_table=None,
-            cu_seq_lens=None, num_rows, max_seq_len=0, mx_scales=False, dequantize=False,
-            plan: SlotReaderPlan | None = None):
-    device = k_cache.device
-    if dequantize:
-        keys = torch.empty((num_rows, layout.HEAD_DIM), dtype=torch.float32, device=device)
-        values = scales = keys  # not written: the kernel's gather branch is compiled out
-    else:
-        values = torch.empty((num_rows, layout.value_bytes(use_fp4_cache)), dtype=torch.uint8,
-                             device=device)
-        scales = torch.empty((num_rows, layout.SCALE_BYTES), dtype=torch.uint8, device=device)
-        keys = values  # not written: the kernel's dequantize branch is compiled out
-    if num_rows == 0:
-        return keys if dequantize else (values, scales)
+    mx_scales = mx_scales and not call.use_fp4_cache
     by_blocks = block_table is not None
-    constexprs = (use_fp4_cache, mx_scales, layout_code, n_per_tile, k_cache.shape[1], by_blocks,
-                  dequantize, BLOCK_R)
-    tensors = (k_cache, cu_seq_lens if by_blocks else slots, values, scales, keys)
-    compiled = key = None
-    if plan is not None and not INTERPRETED:
-        # Slot readers: after their first launch, the compiled kernel, called directly with
-        # the addresses. The plan's key fixes k_cache's sizes; Triton specializes pointers
-        # on 16-byte alignment and types num_rows as i32 or i64 by its value.
-        pointers = tuple(t.data_ptr() for t in tensors)
-        key = (dequantize, num_rows > 0x7FFFFFFF, *[p % 16 == 0 for p in pointers])
-        compiled = plan.launches.get(key)
-    cache_arg, slots_arg, values_arg, scales_arg, keys_arg = (
-        tensors if compiled is None else pointers)
-    if by_blocks:  # slots_arg (cu_seq_lens) is an unused pointer there
-        grid = (block_table.shape[0], -(-max_seq_len // BLOCK_R))
-        table_args = (block_table, block_table.stride(0), block_table.shape[1], cu_seq_lens)
-    else:  # the table's pointers are unused
-        grid = (-(-num_rows // BLOCK_R),)
-        table_args = (slots_arg, 0, 0, slots_arg)
-    args = (cache_arg, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1], slots_arg,
-            num_rows, *table_args, values_arg, scales_arg, keys_arg, *constexprs)
-    if compiled is not None:
-        launch_compiled(compiled, plan.device, grid[0], args)
-    else:
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            compiled = gather_indexer_k_kernel[grid](*args, num_warps=4)
-        if key is not None:
-            plan.launches[key] = compiled
-    return keys if dequantize else (values, scales)
+    launch = GATHER_KERNEL.launch(
+        k_cache.device, num_warps=4,
+        page_stride=k_cache.stride(0), num_slots=num_blocks * block_size,
+        block_table_row_stride=block_table.stride(0) if by_blocks else 0,
+        block_table_cols=block_table.shape[1] if by_blocks else 0,
+        USE_FP4=call.use_fp4_cache, MX_SCALES=mx_scales, LAYOUT=layout_code,
+        N_PER_TILE=n_per_tile, BLOCK_SIZE=block_size, BY_BLOCKS=by_blocks,
+        DEQUANTIZE=dequantize, BLOCK_R=BLOCK_R)
+    return ReaderPlan(
+        backend=checks.resolve_backend(call.backend, k_cache.device),
+        use_fp4_cache=call.use_fp4_cache,
+        layout=layout_code,
+        n_per_tile=n_per_tile,
+        mx_scales=mx_scales,
+        check_bounds=call.check_bounds,
+        block_size=block_size,
+        num_slots=num_blocks * block_size,
+        launch=launch,
+    )
 
 
-class _named_errors:
-    """The ops' schemas reject wrong argument types with a bare RuntimeError before anything
-    runs; on such an error, run the checks that name the argument, then re-raise."""
-
-    def __init__(self, k_cache, use_fp4_cache, kwargs, **index_tensors):
-        self.args = (k_cache, use_fp4_cache, kwargs, index_tensors)
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, kind, error, tb):
-        if kind is not None and issubclass(kind, RuntimeError):
-            k_cache, use_fp4_cache, kwargs, index_tensors = self.args
-            _plan(k_cache, use_fp4_cache, **kwargs)
-            for name, t in index_tensors.items():
-                checks.check_dtype(name, t, checks.INDEX_DTYPES)
-        return False
+def check_gather(call) -> ReaderPlan:
+    checks.check_index_vector("slots", call.slots)
+    return _reader_plan(call, "slots")
 
 
-def gather_impl(k_cache, slots, use_fp4_cache, shuffle=None, mxfp4_n_per_tile=0, backend=None,
-                check_bounds=True):
-    plan = _slot_reader_plan(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
-                             check_bounds, None, False)
-    if plan.backend == "reference":
-        return reference.gather(k_cache, slots, use_fp4_cache, plan.layout, plan.n_per_tile)
-    if check_bounds:
-        reference.check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
-    return _launch(k_cache, use_fp4_cache, plan.layout, plan.n_per_tile, slots=slots,
-                   num_rows=slots.shape[0], plan=plan)
+def check_dequantize(call) -> ReaderPlan:
+    checks.check_flag("mx_scales", call.mx_scales, allow_none=True)
+    checks.check_index_vector("slots", call.slots)
+    return _reader_plan(call, "slots", dequantize=True, mx_scales=call.mx_scales)
 
 
-def gather_by_blocks_impl(k_cache, block_table, cu_seq_lens, use_fp4_cache, shuffle=None,
-                          mxfp4_n_per_tile=0, backend=None, check_bounds=True):
-    layout_code, n_per_tile, backend = _plan(k_cache, use_fp4_cache, shuffle, mxfp4_n_per_tile,
-                                             backend, check_bounds)
+def check_sequence_counts(call) -> None:
+    """cu_seq_lens has one entry more than block_table has rows (both sizes are left free
+    by a kept plan, so this runs on every call)."""
+    if call.cu_seq_lens.shape[0] != call.block_table.shape[0] + 1:
+        checks.fail_value("cu_seq_lens.numel()",
+                          f"block_table.shape[0] + 1 = {call.block_table.shape[0] + 1}",
+                          call.cu_seq_lens.shape[0])
+
+
+def check_gather_by_blocks(call) -> ReaderPlan:
+    block_table = call.block_table
     checks.check_dtype("block_table", block_table, checks.INDEX_DTYPES)
     if block_table.dim() != 2 or block_table.stride(1) != 1:
         checks.fail_value("block_table", "a 2-d [num_seqs, max_blocks] tensor with stride(1) == 1",
                           f"shape {tuple(block_table.shape)}, stride {block_table.stride()}")
-    checks.check_index_vector("cu_seq_lens", cu_seq_lens)
-    if cu_seq_lens.shape[0] != block_table.shape[0] + 1:
-        checks.fail_value("cu_seq_lens.numel()",
-                          f"block_table.shape[0] + 1 = {block_table.shape[0] + 1}",
-                          cu_seq_lens.shape[0])
-    checks.check_same_device("k_cache", k_cache, block_table=block_table, cu_seq_lens=cu_seq_lens)
-    block_size = k_cache.shape[1]
-    if backend == "reference":
-        slots = reference.slots_of_sequences(block_table, cu_seq_lens, block_size)
-        return reference.gather(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
+    checks.check_index_vector("cu_seq_lens", call.cu_seq_lens)
+    check_sequence_counts(call)
+    return _reader_plan(call, "block_table", "cu_seq_lens", block_table=block_table)
+
+
+def _new_rows(k_cache: torch.Tensor, num_rows: int, use_fp4_cache: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous ``values`` [num_rows, value bytes] and ``scales`` [num_rows, 4] (two
+    allocations: an op's outputs must not share storage)."""
+    return (k_cache.new_empty((num_rows, layout.value_bytes(use_fp4_cache))),
+            k_cache.new_empty((num_rows, layout.SCALE_BYTES)))
+
+
+def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+    k_cache, slots = call.k_cache, call.slots
+    if plan.backend == "reference":
+        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, plan.n_per_tile)
+    if plan.check_bounds:
+        checks.check_slots_in_range(slots, plan.num_slots)
+    num_rows = slots.shape[0]
+    values, scales = _new_rows(k_cache, num_rows, plan.use_fp4_cache)
+    if num_rows:
+        plan.launch(
+            (-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots, num_rows=num_rows,
+            block_table_ptr=slots, cu_seq_lens_ptr=slots,  # unused without BY_BLOCKS
+            values_ptr=values, scales_ptr=scales, dequant_ptr=values)  # unused: gather only
+    return values, scales
+
+
+def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
+    k_cache, slots = call.k_cache, call.slots
+    if plan.backend == "reference":
+        values, scales = reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout,
+                                          plan.n_per_tile)
+        return reference.dequantize(values, scales, plan.use_fp4_cache, plan.mx_scales)
+    if plan.check_bounds:
+        checks.check_slots_in_range(slots, plan.num_slots)
+    num_rows = slots.shape[0]
+    keys = torch.empty((num_rows, layout.HEAD_DIM), dtype=torch.float32, device=k_cache.device)
+    if num_rows:
+        plan.launch(
+            (-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots, num_rows=num_rows,
+            block_table_ptr=slots, cu_seq_lens_ptr=slots,  # unused without BY_BLOCKS
+            values_ptr=keys, scales_ptr=keys, dequant_ptr=keys)  # unused: dequantize only
+    return keys
+
+
+def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+    check_sequence_counts(call)
+    k_cache, block_table, cu_seq_lens = call.k_cache, call.block_table, call.cu_seq_lens
+    if plan.backend == "reference":
+        slots = reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size)
+        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, plan.n_per_tile)
     cu = cu_seq_lens.long().cpu()  # the output's size: one synchronisation
     lengths = cu[1:] - cu[:-1]
     if lengths.numel() and int(lengths.min()) < 0:
         checks.fail_value("cu_seq_lens", "non-decreasing offsets", cu.tolist())
     num_rows = int(cu[-1]) if cu.numel() else 0
     max_len = int(lengths.max()) if lengths.numel() else 0
-    if check_bounds and num_rows:
-        reference.check_slots_in_range(
-            reference.slots_of_sequences(block_table, cu_seq_lens, block_size),
-            k_cache.shape[0] * block_size, "slots of the sequences")
-    return _launch(k_cache, use_fp4_cache, layout_code, n_per_tile, block_table=block_table,
-                   cu_seq_lens=cu_seq_lens, num_rows=num_rows, max_seq_len=max_len)
+    if plan.check_bounds and num_rows:
+        checks.check_slots_in_range(
+            reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),
+            plan.num_slots, "slots of the sequences")
+    values, scales = _new_rows(k_cache, num_rows, plan.use_fp4_cache)
+    if num_rows:
+        plan.launch(
+            (block_table.shape[0], -(-max_len // BLOCK_R)), cache_ptr=k_cache,
+            slot_ptr=cu_seq_lens, num_rows=num_rows,  # unused with BY_BLOCKS
+            block_table_ptr=block_table, cu_seq_lens_ptr=cu_seq_lens,
+            values_ptr=values, scales_ptr=scales, dequant_ptr=values)  # unused: gather only
+    return values, scales
 
 
-def dequantize_impl(k_cache, slots, use_fp4_cache, mx_scales=None, shuffle=None,
-                    mxfp4_n_per_tile=0, backend=None, check_bounds=True):
-    plan = _slot_reader_plan(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
-                             check_bounds, mx_scales, True)
-    if plan.backend == "reference":
-        values, scales = reference.gather(k_cache, slots, use_fp4_cache, plan.layout,
-                                          plan.n_per_tile)
-        return reference.dequantize(values, scales, use_fp4_cache, plan.mx_scales)
-    if check_bounds:
-        reference.check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
-    return _launch(k_cache, use_fp4_cache, plan.layout, plan.n_per_tile, slots=slots,
-                   num_rows=slots.shape[0], mx_scales=plan.mx_scales, dequantize=True, plan=plan)
+def _fake_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+    return _new_rows(call.k_cache, call.slots.shape[0], plan.use_fp4_cache)
 
 
+def _fake_sequence_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+    # The row count is cu_seq_lens[-1]: data, not metadata.
+    return _new_rows(call.k_cache, torch.library.get_ctx().new_dynamic_size(), plan.use_fp4_cache)
+
+
+def _fake_keys(plan: ReaderPlan, call) -> torch.Tensor:
+    return call.k_cache.new_empty((call.slots.shape[0], layout.HEAD_DIM), dtype=torch.float32)
+
+
+@declare_op(check=check_gather, run=run_gather, fake=_fake_rows, token_dims={"slots": (0,)})
 def gather_indexer_k(
     k_cache: torch.Tensor,
     slots: torch.Tensor,
@@ -210,15 +206,10 @@ def gather_indexer_k(
     Returns ``(values, scales)``: uint8 ``[n, 128]`` (FP8) or ``[n, 64]`` (MXFP4) and uint8
     ``[n, 4]``, both contiguous, whatever the page layout.
     """
-    if plain_eager(k_cache, slots):  # the op's implementation, without the dispatcher
-        return gather_impl(k_cache, slots, use_fp4_cache, shuffle, mxfp4_n_per_tile, backend,
-                           check_bounds)
-    kwargs = dict(shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile, backend=backend,
-                  check_bounds=check_bounds)
-    with _named_errors(k_cache, use_fp4_cache, kwargs, slots=slots):
-        return torch.ops.indexer_kcache.gather_indexer_k(k_cache, slots, use_fp4_cache, **kwargs)
 
 
+@declare_op(check=check_gather_by_blocks, run=run_gather_by_blocks, fake=_fake_sequence_rows,
+            token_dims={"block_table": (0,), "cu_seq_lens": (0,)})
 def gather_indexer_k_by_blocks(
     k_cache: torch.Tensor,
     block_table: torch.Tensor,
@@ -231,15 +222,12 @@ def gather_indexer_k_by_blocks(
     check_bounds: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole sequences: token ``i`` of sequence ``b`` (slot ``block_table[b, i // block_size] *
-    block_size + i % block_size``) lands in row ``cu_seq_lens[b] + i``."""
-    kwargs = dict(shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile, backend=backend,
-                  check_bounds=check_bounds)
-    with _named_errors(k_cache, use_fp4_cache, kwargs, block_table=block_table,
-                       cu_seq_lens=cu_seq_lens):
-        return torch.ops.indexer_kcache.gather_indexer_k_by_blocks(
-            k_cache, block_table, cu_seq_lens, use_fp4_cache, **kwargs)
+    block_size + i % block_size``) lands in row ``cu_seq_lens[b] + i``. The rows' count is
+    read from ``cu_seq_lens`` on the host (one synchronisation)."""
 
 
+@declare_op(check=check_dequantize, run=run_dequantize, fake=_fake_keys,
+            token_dims={"slots": (0,)})
 def dequantize_indexer_k(
     k_cache: torch.Tensor,
     slots: torch.Tensor,
@@ -252,12 +240,3 @@ def dequantize_indexer_k(
     check_bounds: bool = True,
 ) -> torch.Tensor:
     """The stored keys of ``slots`` as float32 ``[n, 128]`` (codes times their scales)."""
-    if plain_eager(k_cache, slots):  # the op's implementation, without the dispatcher
-        return dequantize_impl(k_cache, slots, use_fp4_cache, mx_scales, shuffle,
-                               mxfp4_n_per_tile, backend, check_bounds)
-    kwargs = dict(shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile, backend=backend,
-                  check_bounds=check_bounds)
-    checks.check_flag("mx_scales", mx_scales, allow_none=True)
-    with _named_errors(k_cache, use_fp4_cache, kwargs, slots=slots):
-        return torch.ops.indexer_kcache.dequantize_indexer_k(
-            k_cache, slots, use_fp4_cache, mx_scales=mx_scales, **kwargs)

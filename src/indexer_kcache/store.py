@@ -1,40 +1,60 @@
-"""``indexer_k_norm_rope_store``: the public store, its checks and its launcher."""
+"""``indexer_k_norm_rope_store``: its checks, its launch settings and its declaration."""
 
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from . import checks, layout, reference
 from .checks import fail_type, fail_value
-from .direct_launch import launch_compiled, plain_eager
 from .kernels import INTERPRETED, indexer_k_store_kernel
-from .plan_cache import PlanCache
+from .launcher import Kernel, KernelLaunch, declare_op, tunable
 
 K_PRE_DTYPES = (torch.bfloat16,)
 COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 ROPE_DIM = 64
 
+STORE_KERNEL = Kernel(indexer_k_store_kernel)
 
+
+@dataclass(frozen=True, slots=True, eq=False)
 class StorePlan:
-    """Everything about a call that does not change while its tensors' metadata doesn't."""
+    """A checked store call: what holds while its options and tensors' metadata don't
+    change (everything but the token count)."""
 
-    __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
-                 "compress_ratio", "block_size", "exact_casts", "pdl", "nvidia", "device", "sizes",
-                 "launches")
+    backend: str
+    device: torch.device
+    use_fp4_cache: bool
+    mx_scales: bool
+    layout: int
+    n_per_tile: int
+    compress_ratio: int
+    block_size: int
+    check_bounds: bool
+    exact_casts: bool  # integer float conversions (see exact_casts_needed)
+    pdl: bool
+    nvidia: bool  # compiled for an NVIDIA GPU (options only its backend takes)
+    # Kernel arguments the metadata fixes.
+    k_pre_row_stride: int
+    cos_sin_row_stride: int
+    max_pos: int
+    eps: float
+    page_stride: int
+    num_slots: int
+    launches: dict = field(default_factory=dict)  # StoreSettings -> KernelLaunch
 
-    def __init__(self, **fields):
-        self.launches = {}  # specialization key -> compiled kernel (see launch_store)
-        for name, value in fields.items():
-            setattr(self, name, value)
 
-    def constexprs(self, block_t: int, eager_loads: bool) -> tuple:
-        """The kernel's compile-time arguments, in order."""
-        return (self.compress_ratio, self.use_fp4_cache, self.mx_scales, self.layout,
-                self.n_per_tile, self.block_size, block_t, eager_loads, self.exact_casts,
-                self.pdl)
+class StoreSettings(NamedTuple):
+    """How one launch spreads its tokens over programs."""
+
+    tokens_per_program: int  # token pairs with compress_ratio 2 unless eager_loads
+    num_warps: int
+    eager_loads: bool  # load key rows with the slots and positions (latency-bound sizes)
+    max_registers: int  # a cap per thread; 0 = the compiler's choice
 
 
 def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
@@ -61,181 +81,114 @@ def pdl_supported(device: torch.device) -> bool:
     return capability is not None and capability >= (9, 0)
 
 
-def plan_store(
-    k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
-    compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
-    enable_pdl=None,
-) -> StorePlan:
+def check_token_counts(call) -> int:
+    """The call's token count, after checking the tensors that must cover it (their sizes
+    are left free by a kept plan, so this runs on every call)."""
+    num_tokens = call.kv_slot_mapping.shape[0]
+    if call.k_pre.shape[0] < num_tokens:
+        fail_value("k_pre.shape[0]", f">= kv_slot_mapping.numel() = {num_tokens}",
+                   call.k_pre.shape[0])
+    if call.positions.shape[0] < num_tokens:
+        fail_value("positions.numel()", f">= kv_slot_mapping.numel() = {num_tokens}",
+                   call.positions.shape[0])
+    return num_tokens
+
+
+def check_store(call) -> StorePlan:
     """Check every argument; return how to run the call. Raises before touching k_cache."""
-    checks.check_flag("use_fp4_cache", use_fp4_cache)
-    checks.check_flag("mx_scales", mx_scales, allow_none=True)
-    checks.check_flag("check_bounds", check_bounds)
-    checks.check_flag("enable_pdl", enable_pdl, allow_none=True)
+    checks.check_flag("use_fp4_cache", call.use_fp4_cache)
+    checks.check_flag("mx_scales", call.mx_scales, allow_none=True)
+    checks.check_flag("check_bounds", call.check_bounds)
+    checks.check_flag("enable_pdl", call.enable_pdl, allow_none=True)
+    k_pre = call.k_pre
     checks.check_dtype("k_pre", k_pre, K_PRE_DTYPES)
     if k_pre.dim() != 2 or k_pre.shape[1] != layout.HEAD_DIM:
         fail_value("k_pre", f"shape [num_tokens, {layout.HEAD_DIM}]", f"shape {tuple(k_pre.shape)}")
     if k_pre.stride(1) != 1:
         fail_value("k_pre.stride(1)", "1", k_pre.stride(1))
-    checks.check_index_vector("positions", positions)
-    checks.check_dtype("cos_sin_cache", cos_sin_cache, COS_SIN_DTYPES)
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != ROPE_DIM:
+    checks.check_index_vector("positions", call.positions)
+    cos_sin = call.cos_sin_cache
+    checks.check_dtype("cos_sin_cache", cos_sin, COS_SIN_DTYPES)
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != ROPE_DIM:
         fail_value("cos_sin_cache", f"shape [max_pos, {ROPE_DIM}] (32 cos then 32 sin)",
-                   f"shape {tuple(cos_sin_cache.shape)}")
-    if cos_sin_cache.stride(1) != 1:
-        fail_value("cos_sin_cache.stride(1)", "1", cos_sin_cache.stride(1))
-    checks.check_dtype("rms_norm_weight", rms_norm_weight, WEIGHT_DTYPES)
-    if rms_norm_weight.dim() != 1 or rms_norm_weight.shape[0] != layout.HEAD_DIM:
-        fail_value("rms_norm_weight", f"shape [{layout.HEAD_DIM}]",
-                   f"shape {tuple(rms_norm_weight.shape)}")
-    if rms_norm_weight.stride(0) != 1:
-        fail_value("rms_norm_weight.stride(0)", "1", rms_norm_weight.stride(0))
-    if not isinstance(rms_norm_eps, numbers.Real) or isinstance(rms_norm_eps, bool):
-        fail_type("rms_norm_eps", "a float", type(rms_norm_eps).__name__)
-    checks.check_k_cache(k_cache, use_fp4_cache)
-    checks.check_index_vector("kv_slot_mapping", kv_slot_mapping)
+                   f"shape {tuple(cos_sin.shape)}")
+    if cos_sin.stride(1) != 1:
+        fail_value("cos_sin_cache.stride(1)", "1", cos_sin.stride(1))
+    weight = call.rms_norm_weight
+    checks.check_dtype("rms_norm_weight", weight, WEIGHT_DTYPES)
+    if weight.dim() != 1 or weight.shape[0] != layout.HEAD_DIM:
+        fail_value("rms_norm_weight", f"shape [{layout.HEAD_DIM}]", f"shape {tuple(weight.shape)}")
+    if weight.stride(0) != 1:
+        fail_value("rms_norm_weight.stride(0)", "1", weight.stride(0))
+    if not isinstance(call.rms_norm_eps, numbers.Real) or isinstance(call.rms_norm_eps, bool):
+        fail_type("rms_norm_eps", "a float", type(call.rms_norm_eps).__name__)
+    k_cache = call.k_cache
+    checks.check_k_cache(k_cache, call.use_fp4_cache)
+    checks.check_index_vector("kv_slot_mapping", call.kv_slot_mapping)
+    compress_ratio = call.compress_ratio
     if not isinstance(compress_ratio, int) or isinstance(compress_ratio, bool):
         fail_type("compress_ratio", "an int", type(compress_ratio).__name__)
     if compress_ratio not in (1, 2):
         fail_value("compress_ratio", "1 or 2", compress_ratio)
-    checks.check_same_device("k_cache", k_cache, k_pre=k_pre, positions=positions,
-                             cos_sin_cache=cos_sin_cache, rms_norm_weight=rms_norm_weight,
-                             kv_slot_mapping=kv_slot_mapping)
-    num_tokens = kv_slot_mapping.shape[0]
-    if k_pre.shape[0] < num_tokens:
-        fail_value("k_pre.shape[0]", f">= kv_slot_mapping.numel() = {num_tokens}", k_pre.shape[0])
-    if positions.shape[0] < num_tokens:
-        fail_value("positions.numel()", f">= kv_slot_mapping.numel() = {num_tokens}",
-                   positions.shape[0])
+    checks.check_same_device("k_cache", k_cache, k_pre=k_pre, positions=call.positions,
+                             cos_sin_cache=cos_sin, rms_norm_weight=weight,
+                             kv_slot_mapping=call.kv_slot_mapping)
+    check_token_counts(call)
     device = k_cache.device
-    block_size = k_cache.shape[1]
-    layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, shuffle, block_size,
-                                                    mxfp4_n_per_tile, device)
+    num_blocks, block_size, _ = k_cache.shape
+    layout_code, n_per_tile = checks.resolve_layout(call.use_fp4_cache, call.shuffle, block_size,
+                                                    call.mxfp4_n_per_tile, device)
     pdl = pdl_supported(device)
-    if enable_pdl and not pdl:
+    if call.enable_pdl and not pdl:
         checks.fail_unsupported("enable_pdl", "False or None on this device (PDL needs an "
-                                "NVIDIA GPU of compute capability 9.0 or newer)", enable_pdl)
+                                "NVIDIA GPU of compute capability 9.0 or newer)", call.enable_pdl)
+    mx_scales = checks.default_mx_scales(device) if call.mx_scales is None else call.mx_scales
     return StorePlan(
-        device=k_cache.get_device(),
-        # The kernel's size arguments that the plan's key fixes (strides and shapes).
-        sizes=(k_pre.stride(0), cos_sin_cache.stride(0), cos_sin_cache.shape[0],
-               k_cache.stride(0), k_cache.shape[0] * block_size),
-        backend=checks.resolve_backend(backend, device),
-        use_fp4_cache=use_fp4_cache,
-        mx_scales=(checks.default_mx_scales(device) if mx_scales is None else mx_scales)
-        and not use_fp4_cache,
+        backend=checks.resolve_backend(call.backend, device),
+        device=device,
+        use_fp4_cache=call.use_fp4_cache,
+        mx_scales=mx_scales and not call.use_fp4_cache,
         layout=layout_code,
         n_per_tile=n_per_tile,
         compress_ratio=compress_ratio,
         block_size=block_size,
+        check_bounds=call.check_bounds,
         exact_casts=exact_casts_needed(device),
-        pdl=pdl if enable_pdl is None else enable_pdl,
+        pdl=pdl if call.enable_pdl is None else call.enable_pdl,
         nvidia=_nvidia_capability(device) is not None,
+        k_pre_row_stride=k_pre.stride(0),
+        cos_sin_row_stride=cos_sin.stride(0),
+        max_pos=cos_sin.shape[0],
+        eps=float(call.rms_norm_eps),
+        page_stride=k_cache.stride(0),
+        num_slots=num_blocks * block_size,
     )
 
 
-def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio) -> None:
-    """Host-side (synchronising) check: IndexError naming the first bad token."""
-    num_tokens = kv_slot_mapping.shape[0]
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
-    max_pos = cos_sin_cache.shape[0]
-    slots = kv_slot_mapping.long()
-    pos = positions[:num_tokens].long()
-    group_pos = torch.div(pos, compress_ratio, rounding_mode="floor") * compress_ratio
-    boundary = (pos + 1) % compress_ratio == 0
-    bad_slot = (slots < -1) | (slots >= num_slots)
-    bad_pos = (slots >= 0) & boundary & ((pos < 0) | (group_pos >= max_pos))
-    bad = (bad_slot | bad_pos).nonzero()
-    if bad.numel():
-        t = int(bad[0, 0])
-        raise IndexError(
-            f"token {t}: slot {int(slots[t])} (valid: -1 or [0, {num_slots})), position "
-            f"{int(pos[t])} -> group position {int(group_pos[t])} (valid: [0, {max_pos}))"
-        )
-
-
+@tunable
 def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool
-                   ) -> tuple[int, int, bool, int]:
-    """(tokens per program, warps per program, eager key loads, register cap) for a launch.
+                   ) -> StoreSettings:
+    """The launch setting for a call: deterministic in its inputs, chosen on an H200 with
+    ``benchmarks/tune_store.py`` (results and reasons: BENCHMARKS.md, "Launch settings").
 
-    Deterministic in its inputs; chosen with ``benchmarks/tune_store.py`` on an H200
-    (``benchmarks/results/h200-tune.txt``). Small launches are latency-bound: one or two
-    tokens per program, key rows loaded with the slots and positions. Large ones are
-    bandwidth-bound: 32 tokens per program over 4 warps, or over 2 for MXFP4 above 64K
-    tokens (each token's reductions within a warp: fewer instructions for the heavier
-    encoding). Ratio 2 takes token pairs, so that the rows of skipped tokens are not read;
-    as each key row waits for the slots and positions, it needs more programs in flight:
-    above 64K tokens, 16 pairs over 2 warps with a cap of 80 registers a thread (0 = the
-    compiler's choice), 12 programs to an SM; 96 for MXFP4's longer encoding (10 to an SM).
+    Small launches are latency-bound (a token or two per program, key rows loaded with the
+    indices); large ones bandwidth-bound (32 tokens per program over several warps). Ratio 2
+    takes token pairs, so that the rows of skipped tokens are not read, and needs more
+    programs in flight (a register cap) above 64K tokens.
     """
     if interpreted:
-        return 64, 1, False, 0  # the interpreter's cost is per program: fewer, larger ones
+        return StoreSettings(64, 1, False, 0)  # the interpreter's cost is per program
     if num_tokens <= 64:
-        return 1, 1, True, 0
+        return StoreSettings(1, 1, True, 0)
     if num_tokens <= 1024:
-        return 2, 1, True, 0
+        return StoreSettings(2, 1, True, 0)
     if num_tokens <= 8192:
-        return (8, 1, True, 0) if compress_ratio == 1 else (4, 1, False, 0)
+        return StoreSettings(8, 1, True, 0) if compress_ratio == 1 else StoreSettings(4, 1, False, 0)
     if num_tokens <= 65536:
-        return (32, 4, True, 0) if compress_ratio == 1 else (32, 4, False, 0)
+        return StoreSettings(32, 4, compress_ratio == 1, 0)
     if compress_ratio == 2:
-        return (16, 2, False, 96) if use_fp4 else (16, 2, False, 80)
-    return (32, 2, True, 0) if use_fp4 else (32, 4, True, 0)
-
-
-def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cache,
-                 rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping) -> None:
-    """Launch the kernel for the first ``num_tokens`` tokens. After the first launch for a
-    given specialization (the kernel's compile-time view of pointer alignment and int
-    widths), later ones go straight to the compiled kernel, skipping Triton's per-call
-    argument binding."""
-    block_t, num_warps, eager_loads, max_registers = store_settings(
-        num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
-    tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
-    grid = -(-num_tokens // tokens_per_program)
-    if INTERPRETED:
-        indexer_k_store_kernel[(grid,)](
-            *_kernel_args(plan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
-                          k_cache, kv_slot_mapping, num_tokens,
-                          plan.constexprs(block_t, eager_loads)),
-            num_warps=num_warps)
-        return
-    k_pre_ptr, positions_ptr = k_pre.data_ptr(), positions.data_ptr()
-    cos_sin_ptr, weight_ptr = cos_sin_cache.data_ptr(), rms_norm_weight.data_ptr()
-    cache_ptr, slots_ptr = k_cache.data_ptr(), kv_slot_mapping.data_ptr()
-    # Triton specializes pointers on 16-byte alignment and types an int as i32 or i64 by its
-    # value: a kernel compiled for one must not be launched with the other. The plan's key
-    # fixes every other argument's specialization.
-    key = (block_t, num_warps, eager_loads, max_registers, num_tokens > 0x7FFFFFFF,
-           k_pre_ptr % 16 == 0, positions_ptr % 16 == 0, cos_sin_ptr % 16 == 0,
-           weight_ptr % 16 == 0, cache_ptr % 16 == 0, slots_ptr % 16 == 0)
-    launch = plan.launches.get(key)
-    if launch is None:
-        # The first launch of a specialization compiles it from the tensors themselves.
-        constexprs = plan.constexprs(block_t, eager_loads)
-        with torch.cuda.device(plan.device):
-            compiled = indexer_k_store_kernel[(grid,)](
-                *_kernel_args(plan, k_pre, positions, cos_sin_cache, rms_norm_weight,
-                              rms_norm_eps, k_cache, kv_slot_mapping, num_tokens, constexprs),
-                num_warps=num_warps, **compile_options(plan.nvidia, plan.pdl, max_registers))
-        plan.launches[key] = compiled, constexprs
-        return
-    # Later launches pass the addresses as integers: Triton's launcher then skips its
-    # per-pointer driver query (is this a device address?), which the plan's device checks
-    # have answered already.
-    compiled, constexprs = launch
-    launch_compiled(compiled, plan.device, grid, _kernel_args(
-        plan, k_pre_ptr, positions_ptr, cos_sin_ptr, weight_ptr, rms_norm_eps, cache_ptr,
-        slots_ptr, num_tokens, constexprs))
-
-
-def _kernel_args(plan: StorePlan, k_pre, positions, cos_sin_cache, rms_norm_weight,
-                 rms_norm_eps, k_cache, kv_slot_mapping, num_tokens: int,
-                 constexprs: tuple) -> tuple:
-    """The kernel's arguments in order; the tensors may be given as their addresses."""
-    k_pre_row_stride, cos_sin_row_stride, max_pos, page_stride, num_slots = plan.sizes
-    return (k_pre, k_pre_row_stride, positions, cos_sin_cache, cos_sin_row_stride, max_pos,
-            rms_norm_weight, float(rms_norm_eps), k_cache, page_stride, num_slots,
-            kv_slot_mapping, num_tokens, *constexprs)
+        return StoreSettings(16, 2, False, 96 if use_fp4 else 80)
+    return StoreSettings(32, 2, True, 0) if use_fp4 else StoreSettings(32, 4, True, 0)
 
 
 def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
@@ -249,50 +202,54 @@ def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
     return options
 
 
-# A plan fixes everything but the token count: the first size of k_pre, positions and
-# kv_slot_mapping (the tensors in the order ``store_impl`` passes them).
-_PLANS = PlanCache(token_dims=((0,), (0,), (), (), (), (0,)))
+def _store_launch(plan: StorePlan, settings: StoreSettings) -> KernelLaunch:
+    return STORE_KERNEL.launch(
+        plan.device,
+        num_warps=settings.num_warps,
+        options=compile_options(plan.nvidia, plan.pdl, settings.max_registers),
+        k_pre_row_stride=plan.k_pre_row_stride,
+        cos_sin_row_stride=plan.cos_sin_row_stride,
+        max_pos=plan.max_pos,
+        eps=plan.eps,
+        page_stride=plan.page_stride,
+        num_slots=plan.num_slots,
+        COMPRESS_RATIO=plan.compress_ratio,
+        USE_FP4=plan.use_fp4_cache,
+        MX_SCALES=plan.mx_scales,
+        LAYOUT=plan.layout,
+        N_PER_TILE=plan.n_per_tile,
+        BLOCK_SIZE=plan.block_size,
+        BLOCK_T=settings.tokens_per_program,
+        EAGER_LOADS=settings.eager_loads,
+        EXACT_CASTS=plan.exact_casts,
+        USE_PDL=plan.pdl,
+    )
 
 
-def store_impl(
-    k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
-    compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, mx_scales=None, shuffle=None,
-    backend=None, check_bounds=False, enable_pdl=None,
-) -> None:
-    tensors = (k_pre, positions, cos_sin_cache, rms_norm_weight, k_cache, kv_slot_mapping)
-    # With their types: 1.0 and True equal 1 as dictionary keys, but are not valid ratios.
-    options = (type(rms_norm_eps), compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
-               shuffle, backend, check_bounds, enable_pdl, type(compress_ratio),
-               type(use_fp4_cache), type(mxfp4_n_per_tile), type(mx_scales), type(shuffle),
-               type(check_bounds), type(enable_pdl))
-    plan = _PLANS.get(options, tensors)
-    if plan is not None:
-        num_tokens = kv_slot_mapping.shape[0]
-        if k_pre.shape[0] < num_tokens or positions.shape[0] < num_tokens:
-            plan = None  # the checks name the short tensor
-    if plan is None:
-        plan = plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
-                          k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache,
-                          mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
-                          enable_pdl)  # raises on any bad argument
-        # An index vector of one element may have any stride: a plan kept for it would
-        # let a longer vector with that stride through.
-        if positions.stride() == (1,) and kv_slot_mapping.stride() == (1,):
-            _PLANS.add(options, tensors, plan)
-        num_tokens = kv_slot_mapping.shape[0]
-    if check_bounds:
-        check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio)
+def run_store(plan: StorePlan, call) -> None:
+    num_tokens = call.kv_slot_mapping.shape[0]
+    if call.k_pre.shape[0] < num_tokens or call.positions.shape[0] < num_tokens:
+        check_token_counts(call)  # raises, naming the short tensor
+    if plan.check_bounds:
+        checks.check_store_bounds(call.positions, plan.max_pos, plan.num_slots,
+                                  call.kv_slot_mapping, plan.compress_ratio)
     if num_tokens == 0:
         return
     if plan.backend == "reference":
-        reference.store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-                        kv_slot_mapping, compress_ratio, use_fp4_cache, mx_scales=plan.mx_scales,
-                        layout_code=plan.layout, n_per_tile=plan.n_per_tile)
-    else:
-        launch_store(plan, num_tokens, k_pre, positions, cos_sin_cache, rms_norm_weight,
-                     rms_norm_eps, k_cache, kv_slot_mapping)
+        reference.store(*call[:9], mx_scales=plan.mx_scales, layout_code=plan.layout,
+                        n_per_tile=plan.n_per_tile)
+        return
+    settings = store_settings(num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
+    launch = plan.launches.get(settings) or plan.launches.setdefault(
+        settings, _store_launch(plan, settings))
+    per_program = settings.tokens_per_program * (1 if settings.eager_loads else plan.compress_ratio)
+    launch((-(-num_tokens // per_program),), k_pre_ptr=call.k_pre, positions_ptr=call.positions,
+           cos_sin_ptr=call.cos_sin_cache, weight_ptr=call.rms_norm_weight,
+           cache_ptr=call.k_cache, slot_ptr=call.kv_slot_mapping, num_tokens=num_tokens)
 
 
+@declare_op(check=check_store, run=run_store, mutates=("k_cache",),
+            token_dims={"k_pre": (0,), "positions": (0,), "kv_slot_mapping": (0,)})
 def indexer_k_norm_rope_store(
     k_pre: torch.Tensor,
     positions: torch.Tensor,
@@ -330,19 +287,3 @@ def indexer_k_norm_rope_store(
             or writing memory; it also lets the next kernel launch early. ``None`` = on for
             NVIDIA GPUs of compute capability 9.0 and newer.
     """
-    if plain_eager(k_cache, k_pre):  # the op's implementation, without the dispatcher
-        store_impl(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-                   kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
-                   shuffle, backend, check_bounds, enable_pdl)
-        return
-    args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-            kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
-    try:
-        torch.ops.indexer_kcache.indexer_k_norm_rope_store(
-            *args, mx_scales=mx_scales, shuffle=shuffle, backend=backend,
-            check_bounds=check_bounds, enable_pdl=enable_pdl)
-    except RuntimeError:
-        # The op's schema rejects wrong argument types with a bare RuntimeError before
-        # anything runs; name the argument instead.
-        plan_store(*args, mx_scales, shuffle, backend, check_bounds, enable_pdl)
-        raise

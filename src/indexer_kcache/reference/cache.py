@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import layout
+from ..checks import check_slots_in_range
 from ..layout import HEAD_DIM, MXFP4_GROUP, SCALE_BYTES
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "token_byte_offsets",
     "written_tokens",
     "store",
-    "check_slots_in_range",
     "gather",
     "slots_of_sequences",
     "decode_fp8",
@@ -233,15 +233,6 @@ def store(
 
 
 # ----------------------------------------------------------------------------- readers
-def check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots") -> None:
-    """IndexError naming the first slot outside ``[0, num_slots)`` (synchronises)."""
-    bad = ((slots < 0) | (slots >= num_slots)).nonzero()
-    if bad.numel():
-        first = int(bad[0, 0])
-        raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
-                         f"[0, {num_slots})")
-
-
 def gather(
     k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,410 @@
+"""One host path for every op: a declaration, a checked plan, kernel launches.
+
+An op is declared by decorating a function whose signature is the op's (names, types,
+defaults, keyword-only options) and whose docstring documents it; the decorator returns
+the public callable and registers the ``torch.library`` op of the same name::
+
+    @declare_op(check=check_store, run=run_store, mutates=("k_cache",),
+                token_dims={"k_pre": (0,), "positions": (0,), "kv_slot_mapping": (0,)})
+    def indexer_k_norm_rope_store(k_pre: torch.Tensor, ...) -> None:
+        '''RMS-norm -> RoPE -> quantize -> paged store ...'''
+
+The op itself is three functions of ``call``, a named tuple of the arguments
+(``call.k_pre``):
+
+* ``check(call) -> plan``: checks every argument, raising ``TypeError`` / ``ValueError`` /
+  ``NotImplementedError`` that names it, and returns a frozen dataclass of everything the
+  arguments' metadata and options fix (formats, layout, strides, launch options);
+* ``run(plan, call)``: the reference, or launches of ``Kernel``s with keyword arguments;
+* ``fake(plan, call)`` (optional): the outputs' shapes for tracing (default: no output).
+
+A call then flows:
+
+1. a plain eager call (``fast_path.plain_eager``) runs the implementation directly;
+   anything else (torch.compile, fake tensors, dispatch modes) goes through the
+   ``torch.library`` op, whose implementation is the same; where the op's schema rejects
+   an argument's type, ``check`` runs to name the argument;
+2. the implementation looks up the plan kept for the call's options (the non-tensor
+   arguments and their types) and its tensors' metadata (type, dtype, device, strides,
+   sizes except the ``token_dims``), or runs ``check`` and keeps the plan;
+3. ``run(plan, call)`` launches: a ``Kernel``'s ``KernelLaunch`` (one per plan and launch
+   setting) holds the arguments the plan fixes; the first launch of each specialisation
+   goes through Triton (which compiles), later ones call the compiled kernel directly.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
+
+import torch
+
+from . import fast_path
+from .kernels import INTERPRETED
+
+NAMESPACE = "indexer_kcache"
+LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+_EMPTY = object()
+
+
+# ------------------------------------------------------------------------------ plans
+class PlanCache:
+    """Plans by options (a hashable tuple), then by a guard on the tensors' metadata.
+
+    ``token_dims[i]`` lists the dimensions of tensor ``i`` whose sizes a plan leaves free.
+    """
+
+    def __init__(self, token_dims: Sequence[Sequence[int]], max_per_options: int = 32) -> None:
+        self.token_dims = token_dims
+        self.max_per_options = max_per_options
+        self.plans: dict[tuple, list] = {}
+        fast_path.on_switch(self.clear)
+
+    def find(self, options: tuple, tensors: tuple):
+        """The plan kept for these options and tensors, or None."""
+        try:
+            candidates = self.plans.get(options, ())
+        except TypeError:  # an unhashable option: never kept
+            return None
+        for guard, plan in candidates:
+            if guard.check(*tensors):
+                return plan
+        return None
+
+    def keep(self, options: tuple, tensors: tuple, plan) -> None:
+        """Keep ``plan`` (of a call that passed every check) for these options and tensors."""
+        sizes = [list(t.shape) for t in tensors]
+        for t, dims, t_sizes in zip(tensors, self.token_dims, sizes, strict=True):
+            if dims and t.dim() == 1 and t.stride() != (1,):
+                # A vector of zero or one element may have any stride; a guard fixing it
+                # would let a longer vector with that stride skip the checks.
+                return
+            for d in dims:
+                t_sizes[d] = None
+        guard = fast_path.guard_class()(*tensors, dynamic_dims_sizes=sizes,
+                                        dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        if not guard.check(*tensors):
+            # Would never be found (the native guard compares dispatch keys under the
+            # thread's current modes): leave such calls to the full checks.
+            return
+        try:
+            candidates = self.plans.setdefault(options, [])
+        except TypeError:
+            return
+        if len(candidates) >= self.max_per_options:
+            del candidates[0]  # the oldest
+        candidates.append((guard, plan))
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+    def __len__(self) -> int:
+        return sum(len(candidates) for candidates in self.plans.values())
+
+
+# --------------------------------------------------------------------------------- ops
+class Op:
+    """A declared op: its public entry point, torch.library op and plan cache."""
+
+    def __init__(self, declaration: Callable, *, check: Callable, run: Callable,
+                 fake: Callable | None, mutates: Sequence[str],
+                 token_dims: dict[str, tuple[int, ...]]) -> None:
+        self.name = declaration.__name__
+        self.check, self.run, self.fake = check, run, fake
+        signature = inspect.signature(declaration)
+        names = list(signature.parameters)
+        self.Call = collections.namedtuple(f"{self.name}_call", names)
+        # The torch.library schema, from the declared signature. Ints stay ints: every one
+        # of them selects a format or a layout, which the kernels are specialised on.
+        schema = torch.library.infer_schema(declaration, mutates_args=tuple(mutates))
+        LIBRARY.define(self.name + schema.replace("SymInt", "int"))
+        self.torch_op = getattr(getattr(torch.ops, NAMESPACE), self.name).default
+        arguments = self.torch_op._schema.arguments
+        tensor_kinds = {a.name: str(a.type) for a in arguments if "Tensor" in str(a.type)}
+        self._positional = [i for i, a in enumerate(arguments) if not a.kwarg_only]
+        self._keywords = [(i, a.name) for i, a in enumerate(arguments) if a.kwarg_only]
+        required = [i for i, n in enumerate(names) if tensor_kinds.get(n) == "Tensor"]
+        optional = [i for i, n in enumerate(names) if tensor_kinds.get(n) == "Optional[Tensor]"]
+        other = [i for i in range(len(names)) if names[i] not in tensor_kinds]
+        self._tensors = _getter(required)
+        self._optional = _getter(optional) if optional else None
+        self._options = _getter(other)
+        self._tensor_names = [names[i] for i in required]
+        self._optional_names = [names[i] for i in optional]
+        self.plans = PlanCache([token_dims.get(n, ()) for n in self._tensor_names])
+        self._token_dims = token_dims
+        self.tensor_positions = required
+        self.bind = _binder(self.name, signature, self.Call, lambda call: call)
+        self.entry = _entry(self, signature)
+        functools.update_wrapper(self.entry, declaration)
+        self.entry.op = self
+        LIBRARY.impl(self.name, self._impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{self.name}", self._fake, lib=LIBRARY)
+
+    # The ways in: the public entry (see ``_entry``), and the torch.library op's
+    # implementation and fake.
+    def through_op(self, call):
+        """Call the torch.library op (it runs ``implementation`` or, tracing, ``_fake``)."""
+        args = [call[i] for i in self._positional]
+        kwargs = {name: call[i] for i, name in self._keywords}
+        try:
+            return self.torch_op(*args, **kwargs)
+        except RuntimeError:
+            # The schema rejects a wrong argument type with a bare RuntimeError before
+            # anything runs; name the argument instead.
+            self.check(call)
+            raise
+
+    def _impl(self, *args, **kwargs):
+        return self.implementation(self.bind(*args, **kwargs))
+
+    def _fake(self, *args, **kwargs):
+        call = self.bind(*args, **kwargs)
+        plan = self.check(call)
+        return None if self.fake is None else self.fake(plan, call)
+
+    def implementation(self, call, tensors: tuple | None = None):
+        """Find or make the call's plan, then run it."""
+        options = self._options(call)
+        options += tuple(map(type, options))
+        if tensors is None:
+            tensors = self._tensors(call)
+        token_dims = None
+        if self._optional is not None:  # which optional tensors are given is an option
+            given = self._optional(call)
+            options += tuple(t is None for t in given)
+            tensors += tuple(t for t in given if t is not None)
+            token_dims = self._plan_token_dims(given)
+        plans = self.plans
+        plan = None
+        try:
+            for guard, kept in plans.plans.get(options, ()):  # PlanCache.find, inlined
+                if guard.check(*tensors):
+                    plan = kept
+                    break
+        except TypeError:  # an unhashable option: never kept
+            pass
+        if plan is None:
+            plan = self.check(call)
+            if token_dims is not None:
+                plans.token_dims = token_dims
+            plans.keep(options, tensors, plan)
+        return self.run(plan, call)
+
+    def _plan_token_dims(self, given) -> list:
+        names = self._tensor_names + [n for n, t in zip(self._optional_names, given, strict=True)
+                                      if t is not None]
+        return [self._token_dims.get(n, ()) for n in names]
+
+
+def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
+    """A fast ``lambda call: tuple(call[i] for i in indices)``."""
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda call: (call[index],)
+    if not indices:
+        return lambda call: ()
+    return itemgetter(*indices)
+
+
+def _binder(name: str, signature: inspect.Signature, call_type, then: Callable) -> Callable:
+    """A function with ``signature`` that passes its arguments, as a ``call_type`` named
+    tuple, to ``then``. Generated once, so that Python binds the arguments (defaults,
+    keywords) at the speed of a plain call."""
+    namespace = {"_then": then}
+    source = (f"def {name}({_parameters(signature, namespace)}):\n"
+              f"    return _then({_named_tuple(signature, call_type, namespace)})\n")
+    exec(source, namespace)  # noqa: S102 (generated from the declared signature)
+    return namespace[name]
+
+
+def _entry(op: Op, signature: inspect.Signature) -> Callable:
+    """The public function of ``op``: with the declared signature, generated once so that
+    the way in costs a plain call. A call made while torch.compile traces goes straight to
+    the torch.library op, in code the tracer reads plainly; a plain eager call to the
+    implementation; anything else through the op."""
+    namespace = {"_op": op.torch_op, "_compiling": torch.compiler.is_compiling,
+                 "_plain_eager": fast_path.plain_eager, "_implementation": op.implementation,
+                 "_through_op": op.through_op}
+    params = list(signature.parameters.values())
+    op_args = ", ".join(p.name if p.kind is not p.KEYWORD_ONLY else f"{p.name}={p.name}"
+                        for p in params)
+    tensors = ", ".join(p.name for i, p in enumerate(params) if i in op.tensor_positions)
+    call = _named_tuple(signature, op.Call, namespace)
+    source = "\n".join([
+        f"def {op.name}({_parameters(signature, namespace)}):",
+        "    if _compiling():",
+        f"        return _op({op_args})",
+        f"    tensors = ({tensors},)",
+        "    if _plain_eager(tensors):",
+        f"        return _implementation({call}, tensors)",
+        f"    return _through_op({call})",
+    ]) + "\n"
+    exec(source, namespace)  # noqa: S102 (generated from the declared signature)
+    return namespace[op.name]
+
+
+def _parameters(signature: inspect.Signature, namespace: dict) -> str:
+    """The parameter list of ``signature`` as source, defaults taken from ``namespace``."""
+    params, star = [], False
+    namespace["_defaults"] = {p.name: p.default for p in signature.parameters.values()}
+    for p in signature.parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            params.append("*")
+            star = True
+        params.append(p.name if p.default is p.empty else f"{p.name}=_defaults[{p.name!r}]")
+    return ", ".join(params)
+
+
+def _named_tuple(signature: inspect.Signature, call_type, namespace: dict) -> str:
+    """Source building a ``call_type`` from the parameters of ``signature``."""
+    namespace.update(_new=tuple.__new__, _Call=call_type)
+    return f"_new(_Call, ({', '.join(signature.parameters)},))"
+
+
+def declare_op(*, check: Callable, run: Callable, fake: Callable | None = None,
+               mutates: Sequence[str] = (), token_dims: dict[str, tuple[int, ...]] | None = None
+               ) -> Callable[[Callable], Callable]:
+    """Declare an op from a signature-and-docstring function (see the module docstring).
+
+    ``mutates`` names the tensors the op writes in place; ``token_dims`` the dimensions of
+    tensors whose sizes a kept plan does not fix (the token or row counts of a call): a
+    plan holds for any such size, so ``run`` must not rely on them being what ``check``
+    saw, and must re-check any limit between them.
+    """
+    def declare(declaration: Callable) -> Callable:
+        return Op(declaration, check=check, run=run, fake=fake, mutates=mutates,
+                  token_dims=token_dims or {}).entry
+    return declare
+
+
+# ----------------------------------------------------------------------------- kernels
+class KernelLaunch:
+    """One kernel as one plan and one launch setting launch it: the arguments they fix (by
+    name: compile-time constants, strides, sizes), warps, stages and compile options, and
+    the compiled kernel of each specialisation of the per-call arguments."""
+
+    def __init__(self, kernel: Kernel, device: torch.device, *, num_warps: int,
+                 num_stages: int | None = None, options: dict | None = None, **fixed) -> None:
+        self.kernel = kernel
+        self.device_index = device.index if device.type == "cuda" else None
+        self.launch_options = dict(num_warps=num_warps, **(options or {}))
+        if num_stages is not None:
+            self.launch_options["num_stages"] = num_stages
+        unknown = set(fixed) - set(kernel.names)
+        if unknown:
+            raise TypeError(f"{kernel.fn.__name__}: no parameters {sorted(unknown)}")
+        self.fixed = fixed
+        self.compiles = not INTERPRETED and self.device_index is not None
+        self.compiled: dict[tuple, object] = {}
+        self._pack = None  # made at the first launch, when the per-call arguments are known
+
+    def __call__(self, grid: tuple[int, ...], **per_call) -> None:
+        """Launch on ``grid`` with the per-call arguments (tensors and sizes) by name."""
+        if not (self.compiles and fast_path._enabled):
+            self._launch(grid, per_call)
+            return
+        if self._pack is None:
+            self._pack = _packer(self.kernel, self.fixed, per_call)
+        key, args = self._pack(per_call)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            self.compiled[key] = self._launch(grid, per_call)
+            return
+        if len(grid) != 3:
+            grid = (grid + (1, 1))[:3]
+        fast_path.launch_compiled(compiled, self.device_index, grid, args)
+
+    def _launch(self, grid, per_call):
+        """Triton's own launch (compiling on first use), on the kernel's device."""
+        if self.device_index is None or self.device_index == torch.cuda.current_device():
+            return self.kernel.fn[grid](**self.fixed, **per_call, **self.launch_options)
+        with torch.cuda.device(self.device_index):
+            return self.kernel.fn[grid](**self.fixed, **per_call, **self.launch_options)
+
+
+def _packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
+    """``pack(per_call) -> (key, args)``: ``args`` all the kernel's arguments in order,
+    tensors as their addresses; ``key`` what Triton's specialisation sees of the per-call
+    ones (a pointer's 16-byte alignment; an int's width and, unless the kernel says
+    ``do_not_specialize``, whether it is 1 or a multiple of 16), or just ``True`` in the
+    common case of aligned pointers and unspecialised 32-bit ints. Generated from the
+    kernel's parameter list, so that a launch costs one call instead of a loop."""
+    missing = set(kernel.names) - set(fixed) - set(example)
+    if missing:
+        raise TypeError(f"{kernel.fn.__name__}: missing arguments {sorted(missing)}")
+    lines, key, args, pointers, common, namespace = [], [], [], [], [], {}
+    for name in kernel.names:
+        if name in fixed:
+            namespace[f"_{name}"] = fixed[name]
+            args.append(f"_{name}")
+            continue
+        value = example[name]
+        if isinstance(value, torch.Tensor):
+            lines.append(f"    {name} = per_call[{name!r}].data_ptr()")
+            key.append(f"{name} & 15 == 0")
+            pointers.append(name)
+        else:
+            lines.append(f"    {name} = per_call[{name!r}]")
+            if isinstance(value, int) and not isinstance(value, bool):
+                width = f"-0x80000000 <= {name} <= 0x7FFFFFFF"
+                key.append(width)
+                if kernel.specialise[name]:
+                    key.append(f"{name} == 1, {name} & 15 == 0")
+                    common.append("False")
+                else:
+                    common.append(width)
+            # floats and bools: Triton's type for them does not depend on the value
+        args.append(name)
+    if pointers:
+        common.append(f"({' | '.join(pointers)}) & 15 == 0")
+    lines.append(f"    args = ({', '.join(args)},)")
+    lines.append(f"    if {' and '.join(common) or 'True'}:")
+    lines.append("        return True, args")
+    lines.append(f"    return ({', '.join(key)},), args")
+    source = "def pack(per_call):\n" + "\n".join(lines) + "\n"
+    exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
+    return namespace["pack"]
+
+
+class Kernel:
+    """A Triton kernel as the host path sees it: its parameter names and which per-call
+    arguments Triton specialises on."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.names = list(fn.arg_names)
+        # Interpreted kernels have no specialisations (and no ``params``): never launched
+        # directly.
+        self.specialise = {p.name: not p.do_not_specialize for p in getattr(fn, "params", ())}
+
+    def launch(self, device: torch.device, **settings) -> KernelLaunch:
+        """A ``KernelLaunch`` of this kernel (see its constructor)."""
+        return KernelLaunch(self, device, **settings)
+
+
+def tunable(choose: Callable) -> Callable:
+    """Mark a module-level launch-settings function as replaceable for a while, by tuning
+    scripts and tests: ``with store_settings.override(setting): ...`` makes it return that
+    setting (or, given a function, what the function returns). The override swaps the
+    module's global for the duration, so normal calls pay nothing for the possibility."""
+    module = sys.modules[choose.__module__]
+
+    @contextlib.contextmanager
+    def override(replacement) -> Iterator[None]:
+        before = getattr(module, choose.__name__)
+        replaced = replacement if callable(replacement) else lambda *args, **kwargs: replacement
+        replaced.override = override
+        setattr(module, choose.__name__, replaced)
+        try:
+            yield
+        finally:
+            setattr(module, choose.__name__, before)
+
+    choose.override = override
+    return choose
