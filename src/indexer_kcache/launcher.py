@@ -379,9 +379,12 @@ class Kernel:
     def __init__(self, fn) -> None:
         self.fn = fn
         self.names = list(fn.arg_names)
-        # Interpreted kernels have no specialisations (and no ``params``): never launched
-        # directly.
-        self.specialise = {p.name: not p.do_not_specialize for p in getattr(fn, "params", ())}
+        params = getattr(fn, "params", None)
+        if params is not None:
+            self.specialise = {p.name: not p.do_not_specialize for p in params}
+        else:  # an interpreted kernel keeps its jit options in ``kwargs``
+            unspecialised = set(getattr(fn, "kwargs", {}).get("do_not_specialize", ()))
+            self.specialise = {name: name not in unspecialised for name in self.names}
 
     def launch(self, device: torch.device, **settings) -> KernelLaunch:
         """A ``KernelLaunch`` of this kernel (see its constructor)."""

@@ -1,0 +1,121 @@
+"""The fast path and the plain path give the same bytes; the plain path is what runs when
+the fast path is switched off (``INDEXER_KCACHE_FAST_PATH=0``) or the versions are unknown.
+
+Under the CPU interpreter both paths launch through Triton (``kernel[grid](...)``) and differ
+in the plan guard and the eager/dispatcher switch; on a GPU the fast path also launches the
+compiled kernels directly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import indexer_kcache as ik
+from indexer_kcache import fast_path, launcher
+
+from .cases import make_case, pages
+from .test_store import FORMAT_LAYOUTS, FORMATS, LAYOUTS
+
+
+def _store_and_read(case, fmt, layout_name):
+    """Three store calls (the second and third find their plan) and the readers' results."""
+    fp4, mx = FORMATS[fmt]
+    shuffle, n = LAYOUTS[fmt][layout_name]
+    cache = case.new_cache()
+    for _ in range(3):
+        ik.indexer_k_norm_rope_store(*case.args(cache), n, mx_scales=mx, shuffle=shuffle)
+    slots = case.slots[case.slots >= 0]
+    options = dict(shuffle=shuffle, mxfp4_n_per_tile=n)
+    gathered = [ik.gather_indexer_k(cache, slots, fp4, **options) for _ in range(2)]
+    keys = [ik.dequantize_indexer_k(cache, slots, fp4, mx_scales=mx, **options) for _ in range(2)]
+    block_table = torch.arange(case.num_blocks, device=slots.device).flip(0).view(1, -1)
+    cu_seq_lens = torch.tensor([0, case.num_blocks * case.block_size - 5], device=slots.device)
+    by_blocks = [ik.gather_indexer_k_by_blocks(cache, block_table, cu_seq_lens, fp4, **options)
+                 for _ in range(2)]
+    return pages(cache), gathered, keys, by_blocks
+
+
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
+def test_plain_path_gives_the_same_bytes(fmt, layout_name):
+    case = make_case(29, use_fp4_cache=FORMATS[fmt][0], block_size=64, num_blocks=2)
+    fast = _store_and_read(case, fmt, layout_name)
+    with fast_path.disabled():
+        assert not fast_path.enabled()
+        plain = _store_and_read(case, fmt, layout_name)
+    assert torch.equal(fast[0], plain[0])
+    for fast_results, plain_results in zip(fast[1:], plain[1:], strict=True):
+        for got, want in zip(fast_results, plain_results, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_switching_paths_drops_kept_plans():
+    case = make_case(9, block_size=16, num_blocks=2)
+    ik.indexer_k_norm_rope_store(*case.args(case.new_cache()))
+    plans = ik.indexer_k_norm_rope_store.op.plans
+    assert len(plans) >= 1
+    with fast_path.disabled():
+        assert len(plans) == 0
+        ik.indexer_k_norm_rope_store(*case.args(case.new_cache()))
+        assert len(plans) == 1  # kept with the Python guard
+    assert len(plans) == 0
+
+
+def test_the_environment_variable_switches_the_fast_path_off():
+    code = ("import indexer_kcache as ik; from indexer_kcache import fast_path; "
+            "print(fast_path.enabled(), fast_path.AVAILABLE)")
+    env = dict(os.environ, INDEXER_KCACHE_FAST_PATH="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "False" and out[1] == str(fast_path.AVAILABLE)
+
+
+def test_unknown_versions_take_the_plain_path():
+    assert fast_path._known("2.11.0+cu130", fast_path.KNOWN_TORCH)
+    assert fast_path._known("3.6.0", fast_path.KNOWN_TRITON)
+    assert not fast_path._known("3.10.0", fast_path.KNOWN_TRITON)
+    assert not fast_path._known("2.5.1", fast_path.KNOWN_TORCH)
+    assert not fast_path._known("3.0.0a0", fast_path.KNOWN_TORCH)
+
+
+def test_plain_eager_is_false_under_modes_and_on_the_plain_path():
+    t = torch.zeros(2)
+    assert fast_path.plain_eager((t, t)) is fast_path.enabled()
+    assert not fast_path.plain_eager((torch.nn.Parameter(t), t))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not fast_path.plain_eager((t, t))
+    with fast_path.disabled():
+        assert not fast_path.plain_eager((t, t))
+
+
+def test_a_tunable_setting_is_overridden_only_inside_the_block():
+    fixed = ik.store.StoreSettings(4, 1, False, 0)
+    before = ik.store.store_settings(100, 1, False, False)
+    with ik.store.store_settings.override(fixed):
+        assert ik.store.store_settings(100, 1, False, False) == fixed
+        with ik.store.store_settings.override(lambda *args: before):
+            assert ik.store.store_settings(7, 2, True, True) == before
+        assert ik.store.store_settings(100, 1, False, False) == fixed
+    assert ik.store.store_settings(100, 1, False, False) == before
+
+
+def test_generated_packers_key_what_triton_specialises_on():
+    """Aligned pointers and 32-bit unspecialised ints share one key; anything else keys each
+    argument as Triton's specialisation sees it."""
+    kernel = launcher.Kernel(ik.store.indexer_k_store_kernel)
+    fixed = {n: 1 for n in kernel.names if n not in ("k_pre_ptr", "slot_ptr", "num_tokens")}
+    t = torch.zeros(64, dtype=torch.uint8)
+    pack = launcher._packer(kernel, fixed, dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
+    key, args = pack(dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
+    assert key is True and len(args) == len(kernel.names)
+    assert args[kernel.names.index("k_pre_ptr")] == t.data_ptr()
+    key, _ = pack(dict(k_pre_ptr=t[1:], slot_ptr=t, num_tokens=3))
+    assert key == (False, True, True)
+    key, _ = pack(dict(k_pre_ptr=t, slot_ptr=t, num_tokens=2**33))
+    assert key == (True, True, False)
