@@ -1,5 +1,5 @@
-"""Benchmarks: the store and the readers against the copy bandwidth, the launch floor and
-torch peers. ``python -m indexer_kcache bench --help``.
+"""The store's and the readers' sweeps: against the copy bandwidth, the launch floor and
+torch peers.
 
 GPU time per call is the median over CUDA-graph replays of a graph holding ``calls``
 calls, timed with CUDA events; eager time is wall time per call of a plain Python loop
@@ -11,20 +11,15 @@ written token, the 256 B key row, the 64 cos/sin values and the stored row.
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
-import triton
-import triton.language as tl
 
-from . import layout, reference
-from .store import indexer_k_norm_rope_store, pdl_supported
+from .. import layout, reference
+from ..store import indexer_k_norm_rope_store, pdl_supported
+from .timing import eager_time_us, eager_vs_baseline_us, empty_launch_fn, graph_time_us, progress
 
 FORMATS = layout.FORMATS
 GPU_TOKENS = (1, 64, 512, 4096, 32768, 262144)
@@ -119,97 +114,6 @@ def torch_store_dense(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm
     flat[scale_at] = torch.where(written[:, None], scales, flat[scale_at])
 
 
-# ----------------------------------------------------------------------------- timing
-def graph_time_us(fn: Callable[[], None], calls: int, replays: int = 7) -> float:
-    """Median GPU time per call over replays of one CUDA graph holding ``calls`` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
-
-
-def loop_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
-    """Wall time per call of a plain loop of ``calls`` calls ending in ``sync()``."""
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) * 1e6 / calls
-
-
-def eager_time_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
-    """Wall time per call of a plain loop; median of five loops."""
-    fn()
-    sync()
-    return statistics.median(loop_us(fn, calls, sync) for _ in range(5))
-
-
-def eager_vs_baseline_us(fn: Callable[[], None], baseline: Callable[[], None], calls: int,
-                         rounds: int = 9) -> tuple[float, float]:
-    """Eager wall time per call of ``fn`` and of ``baseline`` (the empty launch), in
-    alternating loops of ``calls`` calls: (median of fn's loops, median of baseline's).
-    A shared host's speed drifts over tens of milliseconds; alternating gives both the
-    same drift."""
-    loops: tuple[list, list] = ([], [])
-    for f in (fn, baseline):
-        f()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for f, times in zip((fn, baseline), loops, strict=True):
-            times.append(loop_us(f, calls, torch.cuda.synchronize))
-    return statistics.median(loops[0]), statistics.median(loops[1])
-
-
-def copy_bandwidth_GBps(num_bytes: int = 2 << 30) -> float:
-    """Device-to-device copy: bytes read plus bytes written per second (median of 20)."""
-    src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(22):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * num_bytes / statistics.median(times[2:]) / 1e9
-
-
-@triton.jit
-def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
-    pass
-
-
-def empty_launch_fn() -> Callable[[], None]:
-    """One launch of an empty Triton kernel, the way any Triton kernel is called."""
-    x = torch.empty(1, device="cuda")
-    return lambda: _empty_kernel[(1,)](x, 1, BLOCK=16)
-
-
-def empty_launch_us(calls: int) -> tuple[float, float]:
-    """Cost of launching an empty Triton kernel: (GPU us in a graph, eager wall us)."""
-    fn = empty_launch_fn()
-    return graph_time_us(fn, calls), eager_time_us(fn, calls, torch.cuda.synchronize)
-
-
 # ----------------------------------------------------------------------------- sweeps
 def check_store_bytes(inputs: dict, mx_scales: bool) -> bool:
     got = dict(inputs, k_cache=torch.full_like(inputs["k_cache"], 0xA5))
@@ -219,30 +123,17 @@ def check_store_bytes(inputs: dict, mx_scales: bool) -> bool:
     return torch.equal(got["k_cache"], want["k_cache"])
 
 
-def _progress(items, desc: str):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(items, desc=desc, leave=False)
-    except ImportError:
-        return items
-
-
-def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int = 200,
-            peers: bool = True, readers: bool = True, peer_tokens=PEER_TOKENS) -> dict:
+def run_gpu(result: dict, tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2),
+            calls: int = 200, peers: bool = True, readers: bool = True,
+            peer_tokens=PEER_TOKENS) -> None:
+    """The store's sweep (and its peers', and the readers'), added to ``result``'s records;
+    byte mismatches against the reference in ``result["byte_mismatches"]``."""
     device = torch.device("cuda")
-    result = {
-        "gpu": torch.cuda.get_device_name(device),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "copy_GBps": copy_bandwidth_GBps(),
-    }
-    result["empty_launch_graph_us"], result["empty_launch_eager_us"] = empty_launch_us(calls)
     empty = empty_launch_fn()
     records, mismatches = [], []
     cases = [(f, cr, t) for f in formats for cr in ratios for t in tokens]
     pdl = pdl_supported(device)
-    for fmt, cr, t in _progress(cases, "store"):
+    for fmt, cr, t in progress(cases, "store"):
         inputs = make_inputs(t, fmt, cr, device)
         mx = FORMATS[fmt][1]
         if not check_store_bytes(inputs, mx):
@@ -256,18 +147,17 @@ def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int
         del inputs, fn
     if peers:
         records += run_peers(device, formats, peer_tokens, calls)
-    result["records"] = [asdict(r) for r in records]
     if readers:
-        result["readers"] = [asdict(r) for r in run_readers(device, calls)]
-    result["byte_mismatches"] = mismatches
-    return result
+        records += run_readers(device, calls)
+    result["records"] += [asdict(r) for r in records]
+    result["byte_mismatches"] += mismatches
 
 
 def run_peers(device, formats, peer_tokens, calls) -> list[Record]:
     records = []
     for fmt in [f for f in ("fp8", "mxfp4") if f in formats]:
         compiled = torch.compile(torch_store_dense, dynamic=True)
-        for t in _progress(peer_tokens, f"peers {fmt}"):
+        for t in progress(peer_tokens, f"peers {fmt}"):
             inputs = make_inputs(t, fmt, 1, device)
             nbytes = minimal_store_bytes(inputs)
             for impl, fn in (("torch-eager", torch_store_dense), ("torch-compile", compiled)):
@@ -284,7 +174,7 @@ def run_peers(device, formats, peer_tokens, calls) -> list[Record]:
 
 
 def run_readers(device, calls) -> list[Record]:
-    from .readers import dequantize_indexer_k, gather_indexer_k
+    from ..readers import dequantize_indexer_k, gather_indexer_k
 
     records = []
     for fmt in ("fp8", "mxfp4"):
@@ -310,11 +200,11 @@ def run_readers(device, calls) -> list[Record]:
 
 def run_cpu(tokens=CPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2)) -> dict:
     """No GPU: a tiny sweep of the reference and of the kernel under the Triton interpreter."""
-    from .kernels import INTERPRETED
+    from ..kernels import INTERPRETED
 
     records = []
     impls = [("reference", "reference")] + ([("triton-interpreter", "triton")] if INTERPRETED else [])
-    for fmt, cr, t in _progress([(f, cr, t) for f in formats for cr in ratios for t in tokens],
+    for fmt, cr, t in progress([(f, cr, t) for f in formats for cr in ratios for t in tokens],
                                 "cpu"):
         inputs = make_inputs(t, fmt, cr, "cpu")
         for impl, backend in impls:
@@ -328,6 +218,7 @@ def run_cpu(tokens=CPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2)) -> dict:
 
 # ----------------------------------------------------------------------------- output
 def format_table(result: dict) -> str:
+    """The store's and the readers' records as a table (records of other ops are skipped)."""
     copy = result.get("copy_GBps")
     lines = []
     if result.get("gpu"):
@@ -339,6 +230,8 @@ def format_table(result: dict) -> str:
     lines.append(f"{'op':10} {'impl':18} {'format':7} {'cr':>2} {'tokens':>7} {'graph us':>9} "
                  f"{'eager us':>9} {'/ empty':>7} {'GB/s':>7} {'% copy':>7} {'no-PDL us':>9}")
     for r in result["records"] + result.get("readers", []):
+        if r["op"] not in ("store", "gather", "dequantize"):
+            continue
         t = r["graph_us"] if r["graph_us"] is not None else r["eager_us"]
         gbps = r["bytes"] / t / 1e3 if t else 0.0
         pct = f"{100 * gbps / copy:6.1f}%" if copy else "      -"
@@ -392,31 +285,3 @@ def plot(result: dict, path: str) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m indexer_kcache bench",
-                                     description="Benchmark the store and the readers.")
-    parser.add_argument("--out", default="bench-out", help="folder for the JSON and the PNG")
-    parser.add_argument("--tokens", type=int, nargs="*", help="token counts to sweep")
-    parser.add_argument("--formats", nargs="*", choices=sorted(FORMATS), default=list(FORMATS))
-    parser.add_argument("--calls", type=int, default=200, help="calls per CUDA graph")
-    parser.add_argument("--no-peers", action="store_true", help="skip torch eager / compile")
-    parser.add_argument("--no-readers", action="store_true", help="skip the readers")
-    args = parser.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    if torch.cuda.is_available():
-        result = run_gpu(tuple(args.tokens or GPU_TOKENS), tuple(args.formats), calls=args.calls,
-                         peers=not args.no_peers, readers=not args.no_readers)
-        name = "gpu"
-    else:
-        result = run_cpu(tuple(args.tokens or CPU_TOKENS), tuple(args.formats))
-        name = "cpu"
-    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    if result.get("gpu"):
-        plot(result, os.path.join(args.out, f"{name}.png"))
-    print(format_table(result))
-    return 1 if result.get("byte_mismatches") else 0
