@@ -1,0 +1,462 @@
+"""``paged_mqa_logits``: score query rows against the paged key cache, in place.
+
+For query row ``r = b * next_n + i`` (query ``i`` of sequence ``b``) and position ``t``::
+
+    logits[r, t] = sum_h weights[r, h] * relu(q[b, i, h, :] . K[b, t, :])
+
+with ``q`` and ``K`` dequantized (scales applied). This module checks the arguments
+(``check_logits`` -> a frozen ``LogitsPlan``), picks launch settings by shape
+(``logits_settings``) and launches the kernel of ``kernels.logits`` (or runs the torch
+reference of ``reference.logits``). Nothing on the Triton path synchronises the host: the
+grid comes from shapes only, so a call can be captured in a CUDA graph and replayed with
+new ``q``, ``weights``, ``context_lens`` and ``block_table`` values.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from . import checks, layout
+from .checks import fail_type, fail_value
+from .kernels import INTERPRETED
+from .kernels.logits import MAX_ROWS, Q_BF16, Q_E4M3, Q_E4M3_MX, Q_MXFP4, paged_mqa_logits_kernel
+from .launcher import Kernel, KernelLaunch, declare_op, tunable
+from .reference import logits as reference_logits
+
+__all__ = [
+    "LogitsPlan",
+    "LogitsSettings",
+    "Q_FORM_NAMES",
+    "check_logits",
+    "logits_settings",
+    "paged_mqa_logits",
+    "paged_mqa_logits_into",
+    "run_logits",
+    "settings_for",
+    "split_query",
+]
+
+LOGITS_KERNEL = Kernel(paged_mqa_logits_kernel)
+
+MAX_HEADS = 128
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+Q_FORM_NAMES = {Q_BF16: "bf16", Q_E4M3: "e4m3", Q_E4M3_MX: "e4m3-mx", Q_MXFP4: "mxfp4"}
+# Bytes of the query operands a program keeps for its rows (shared memory on a GPU).
+MAX_Q_BYTES_PER_PROGRAM = 64 * 1024
+
+
+class LogitsSettings(NamedTuple):
+    """How the kernel runs a shape (``logits_settings``)."""
+
+    block_n: int  # keys per tile
+    rows: int  # query rows of one sequence per program (1..4)
+    splits: int  # programs per (sequence, row group), each a contiguous range of positions
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the tile loop
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LogitsPlan:
+    """A checked call: everything but the tensors' contents and addresses."""
+
+    backend: str  # "triton" or "reference"
+    use_fp4_cache: bool
+    mx_scales: bool  # FP8 keys' scales as UE8M0 bytes (False for MXFP4 caches)
+    layout: int  # layout.ROW_MAJOR / FP8_TILED / MXFP4_PRESHUFFLE
+    n_per_tile: int
+    q_form: int  # kernels.logits.Q_BF16 / Q_E4M3 / Q_E4M3_MX / Q_MXFP4
+    batch: int
+    next_n: int
+    heads: int
+    head_pad: int  # heads rounded up to a power of two >= 16 (the dot's N)
+    num_blocks: int
+    block_size: int
+    max_blocks: int
+    max_model_len: int
+    num_cols: int  # min(max_model_len, max_blocks * block_size): positions that can be read
+    ctx_2d: bool  # context_lens is [B, next_n]
+    weights_bf16: bool
+    clean_logits: bool
+    native: bool  # FP8/bf16 tensor-core dots (NVIDIA sm_89+), else float32 dots
+    device: torch.device
+    sm_count: int
+    # Strides the kernel takes (fixed by the tensors' metadata).
+    strides: dict
+    launches: dict = field(default_factory=dict)  # (settings, scale words) -> KernelLaunch
+
+
+# ------------------------------------------------------------------------------ checks
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_last_dim_unit_stride(name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        fail_value(f"{name}.stride(-1)", "1", t.stride(-1))
+
+
+def split_query(q: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``q`` as (values, scales or None): a bf16 tensor, or a pair (e4m3 or packed MXFP4
+    values, int32 scales or None)."""
+    if isinstance(q, torch.Tensor):
+        checks.check_dtype("q", q, (torch.bfloat16,))
+        return q, None
+    if not isinstance(q, (tuple, list)) or len(q) != 2:
+        fail_type("q", "a bf16 tensor or a pair (values, scales or None)", type(q).__name__)
+    values, scales = q
+    checks.check_dtype("q[0]", values, (torch.float8_e4m3fn, torch.uint8))
+    if scales is not None:
+        checks.check_dtype("q[1]", scales, (torch.int32,))
+    return values, scales
+
+
+def _query_form(values: object, scales: object) -> tuple[int, str]:
+    """(q form, the name of the values in messages), checking dtypes and shapes."""
+    bare = isinstance(values, torch.Tensor) and values.dtype == torch.bfloat16 and scales is None
+    name = "q" if bare else "q[0]"
+    checks.check_dtype(name, values, (torch.bfloat16, torch.float8_e4m3fn, torch.uint8))
+    fp4 = values.dtype == torch.uint8
+    if scales is None:
+        if fp4:
+            fail_value("q[1]", "int32 scales [B, next_n, H] (MXFP4 values need them)", None)
+        form = Q_BF16 if values.dtype == torch.bfloat16 else Q_E4M3
+    else:
+        checks.check_dtype("q[1]", scales, (torch.int32,))
+        if values.dtype == torch.bfloat16:
+            fail_type("q[0]", "dtype torch.float8_e4m3fn or torch.uint8 (scaled queries)",
+                      values.dtype)
+        form = Q_MXFP4 if fp4 else Q_E4M3_MX
+    width = layout.MXFP4_VALUE_BYTES if form == Q_MXFP4 else layout.HEAD_DIM
+    if values.dim() != 4 or values.shape[3] != width:
+        fail_value(name, f"shape [B, next_n, H, {width}]", f"shape {tuple(values.shape)}")
+    _check_last_dim_unit_stride(name, values)
+    batch, next_n, heads, _ = values.shape
+    if next_n < 1:
+        fail_value(f"{name}.shape[1] (next_n)", ">= 1", next_n)
+    if not 1 <= heads <= MAX_HEADS:
+        fail_value(f"{name}.shape[2] (heads)", f"1 .. {MAX_HEADS}", heads)
+    if scales is not None:
+        if tuple(scales.shape) != (batch, next_n, heads):
+            fail_value("q[1]", f"shape [B, next_n, H] = {[batch, next_n, heads]}",
+                       f"shape {tuple(scales.shape)}")
+        _check_last_dim_unit_stride("q[1]", scales)
+    return form, name
+
+
+def cache_3d(k_cache: torch.Tensor) -> torch.Tensor:
+    """The cache as ``[num_blocks, block_size, row_bytes]``: the 4-d view ``[num_blocks,
+    block_size, 1, row_bytes]`` that DeepGEMM-style callers pass loses its unit axis (a
+    view, no copy)."""
+    return k_cache.select(2, 0) if k_cache.dim() == 4 else k_cache
+
+
+def _cache_format(k_cache: object) -> bool:
+    """use_fp4_cache, from the row width (132 FP8, 68 MXFP4)."""
+    checks.check_dtype("k_cache", k_cache, (torch.uint8,))
+    if k_cache.dim() == 4 and k_cache.shape[2] != 1:
+        fail_value("k_cache.shape[2]", "1 (the 4-d view [num_blocks, block_size, 1, row_bytes])",
+                   k_cache.shape[2])
+    if k_cache.dim() not in (3, 4):
+        fail_value("k_cache", "a 3-d [num_blocks, block_size, row_bytes] or 4-d [num_blocks, "
+                   "block_size, 1, row_bytes] tensor", f"shape {tuple(k_cache.shape)}")
+    rows = {layout.cache_row_bytes(False): False, layout.cache_row_bytes(True): True}
+    if k_cache.shape[-1] not in rows:
+        fail_value("k_cache.shape[-1]", f"{layout.cache_row_bytes(False)} (FP8) or "
+                   f"{layout.cache_row_bytes(True)} (MXFP4) bytes per row", k_cache.shape[-1])
+    return rows[k_cache.shape[-1]]
+
+
+def native_dots(device: torch.device) -> bool:
+    """FP8 and bf16 tensor-core dots with in-register MXFP4 decoding (inline PTX): NVIDIA
+    GPUs of compute capability 8.9 and newer. Elsewhere (the interpreter, ROCm, older
+    NVIDIA GPUs) the kernel decodes to float32 and uses float32 dots."""
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def check_logits(call) -> LogitsPlan:
+    """Check every argument of ``paged_mqa_logits_into``; return how to run the call.
+
+    Raises ``TypeError`` (types, dtypes), ``ValueError`` (shapes, strides, devices,
+    values) or ``NotImplementedError`` (a layout that does not exist), naming the argument,
+    what was expected and what was got. Nothing is read or written before.
+    """
+    checks.check_flag("mx_scales", call.mx_scales, allow_none=True)
+    checks.check_flag("clean_logits", call.clean_logits)
+    values, scales = call.q_values, call.q_scales
+    q_form, _ = _query_form(values, scales)
+    batch, next_n, heads, _ = values.shape
+    use_fp4_cache = _cache_format(call.k_cache)
+    cache = cache_3d(call.k_cache)
+    checks.check_k_cache(cache, use_fp4_cache)
+    num_blocks, block_size, _ = cache.shape
+
+    weights, context_lens, block_table, out = (call.weights, call.context_lens, call.block_table,
+                                                call.out)
+    checks.check_dtype("weights", weights, WEIGHT_DTYPES)
+    if tuple(weights.shape) != (batch * next_n, heads):
+        fail_value("weights", f"shape [B * next_n, H] = {[batch * next_n, heads]}",
+                   f"shape {tuple(weights.shape)}")
+    _check_last_dim_unit_stride("weights", weights)
+    checks.check_dtype("context_lens", context_lens, checks.INDEX_DTYPES)
+    if tuple(context_lens.shape) not in ((batch,), (batch, next_n)):
+        fail_value("context_lens", f"shape [B] = {[batch]} or [B, next_n] = {[batch, next_n]}",
+                   f"shape {tuple(context_lens.shape)}")
+    checks.check_dtype("block_table", block_table, checks.INDEX_DTYPES)
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        fail_value("block_table", f"shape [B, max_blocks] with B = {batch}",
+                   f"shape {tuple(block_table.shape)}")
+    _check_last_dim_unit_stride("block_table", block_table)
+    checks.check_dtype("out", out, (torch.float32,))
+    if out.dim() != 2 or out.shape[0] != batch * next_n:
+        fail_value("out", f"shape [B * next_n, max_model_len] with B * next_n = {batch * next_n}",
+                   f"shape {tuple(out.shape)}")
+    _check_last_dim_unit_stride("out", out)
+    max_model_len = out.shape[1]
+    tensors = dict(q=values, weights=weights, context_lens=context_lens, block_table=block_table,
+                   out=out)
+    if scales is not None:
+        tensors["q[1]"] = scales
+    checks.check_same_device("k_cache", cache, **tensors)
+
+    device = cache.device
+    layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, call.shuffle, block_size,
+                                                    call.mxfp4_n_per_tile, device)
+    backend = checks.resolve_backend(call.backend, device)
+    mx_scales = checks.default_mx_scales(device) if call.mx_scales is None else call.mx_scales
+    max_blocks = block_table.shape[1]
+    ctx_2d = context_lens.dim() == 2
+    return LogitsPlan(
+        backend=backend, use_fp4_cache=use_fp4_cache, mx_scales=mx_scales and not use_fp4_cache,
+        layout=layout_code, n_per_tile=n_per_tile, q_form=q_form, batch=batch, next_n=next_n,
+        heads=heads, head_pad=_head_pad(heads), num_blocks=num_blocks, block_size=block_size,
+        max_blocks=max_blocks, max_model_len=max_model_len,
+        num_cols=min(max_model_len, max_blocks * block_size), ctx_2d=ctx_2d,
+        weights_bf16=weights.dtype == torch.bfloat16, clean_logits=call.clean_logits,
+        native=backend == "triton" and native_dots(device), device=device,
+        sm_count=_sm_count(device),
+        strides=dict(
+            q_sb=values.stride(0), q_si=values.stride(1), q_sh=values.stride(2),
+            qs_sb=scales.stride(0) if scales is not None else 0,
+            qs_si=scales.stride(1) if scales is not None else 0,
+            w_sr=weights.stride(0), w_sh=weights.stride(1), page_stride=cache.stride(0),
+            ctx_sb=context_lens.stride(0), ctx_si=context_lens.stride(1) if ctx_2d else 0,
+            table_sb=block_table.stride(0), out_sr=out.stride(0)),
+    )
+
+
+# ---------------------------------------------------------------------------- settings
+def _head_pad(heads: int) -> int:
+    return max(16, 1 << (heads - 1).bit_length())
+
+
+@functools.cache
+def _sm_count_of(device_type: str, index: int | None) -> int:
+    if device_type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (read once per device)."""
+    index = device.index if device.index is not None or device.type != "cuda" else (
+        torch.cuda.current_device())
+    return _sm_count_of(device.type, index)
+
+
+@tunable
+def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_cache: bool,
+                    q_form: int, sm_count: int, interpreted: bool = INTERPRETED,
+                    native: bool = True) -> LogitsSettings:
+    """Launch settings for a shape; deterministic in its arguments.
+
+    A program scores up to four query rows of one sequence (every key tile is read once for
+    all of them) over a contiguous range of positions. Splitting each sequence's
+    positions over programs keeps every SM busy when there are few sequences: about
+    ``PROGRAMS_PER_SM`` programs per SM, each at least ``MIN_TILES`` tiles, at most
+    ``MAX_TILES`` (many short programs even out the end of the launch). Without native dots
+    (float32 tiles in registers) a program takes one row and smaller tiles.
+    """
+    head_pad = _head_pad(heads)
+    q_bytes = layout.HEAD_DIM * head_pad * (2 if q_form == Q_BF16 else 1)
+    rows = max(1, min(next_n, MAX_ROWS, MAX_Q_BYTES_PER_PROGRAM // q_bytes))
+    if interpreted:  # the interpreter's cost is per program and per operation: few, large
+        return LogitsSettings(64, rows, 1, 4, 1)
+    block_n, num_warps, num_stages = 64, 4, 3
+    if not native:
+        rows, block_n, num_stages = 1, 32, 2
+    row_groups = batch * -(-next_n // rows)
+    tiles = max(-(-num_cols // block_n), 1)
+    wanted = PROGRAMS_PER_SM * sm_count
+    per_program = min(max(-(-tiles * row_groups // wanted), MIN_TILES), MAX_TILES)
+    splits = max(-(-tiles // per_program), 1)
+    return LogitsSettings(block_n, rows, splits, num_warps, num_stages)
+
+
+PROGRAMS_PER_SM = 4
+MIN_TILES = 4
+MAX_TILES = 64
+
+
+# ------------------------------------------------------------------------------ launch
+def _raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """bf16 -> int16 and e4m3 -> uint8 views (no copy): the kernel reinterprets the bits."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8)
+    return t
+
+
+def split_columns(plan: LogitsPlan, settings: LogitsSettings) -> tuple[int, int, int]:
+    """(splits, chunk, tail_chunk): each of ``splits`` programs per row group scores
+    ``chunk`` positions (a multiple of the tile) and cleans ``tail_chunk`` of the columns
+    past ``num_cols``."""
+    block_n = settings.block_n
+    tiles = -(-plan.num_cols // block_n)
+    per_split = max(-(-tiles // settings.splits), 1)
+    splits = max(-(-tiles // per_split), 1)
+    tail_chunk = -(-(plan.max_model_len - plan.num_cols) // splits)
+    return splits, per_split * block_n, tail_chunk
+
+
+def settings_for(plan: LogitsPlan) -> LogitsSettings:
+    """The launch settings of a checked call."""
+    return logits_settings(plan.batch, plan.next_n, plan.heads, plan.num_cols,
+                           plan.use_fp4_cache, plan.q_form, plan.sm_count, INTERPRETED,
+                           plan.native)
+
+
+def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
+                   ) -> tuple[KernelLaunch, tuple[int, int, int]]:
+    splits, chunk, tail_chunk = split_columns(plan, settings)
+    row_groups = -(-plan.next_n // settings.rows)
+    launch = LOGITS_KERNEL.launch(
+        plan.device, num_warps=settings.num_warps, **plan.strides,
+        num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
+        chunk=chunk, tail_chunk=tail_chunk, heads=plan.heads,
+        NEXT_N=plan.next_n, ROWS=settings.rows, CTX_2D=plan.ctx_2d, Q_FORM=plan.q_form,
+        W_BF16=plan.weights_bf16, USE_FP4=plan.use_fp4_cache, MX_SCALES=plan.mx_scales,
+        LAYOUT=plan.layout, N_PER_TILE=plan.n_per_tile, BLOCK_SIZE=plan.block_size,
+        HP=plan.head_pad, BLOCK_N=settings.block_n, NUM_STAGES=settings.num_stages,
+        CLEAN=plan.clean_logits, NATIVE=plan.native, SCALE_WORDS=scale_words)
+    return launch, (plan.batch * row_groups, splits, 1)
+
+
+def run_logits(plan: LogitsPlan, call) -> None:
+    """Run a checked call: write the logits into ``call.out``."""
+    cache = cache_3d(call.k_cache)
+    if plan.batch * plan.next_n == 0 or plan.max_model_len == 0:
+        return
+    if plan.backend == "reference":
+        q = call.q_values if call.q_scales is None and plan.q_form == Q_BF16 else (
+            call.q_values, call.q_scales)
+        reference_logits.paged_mqa_logits(
+            q, cache, call.weights, call.context_lens, call.block_table, plan.max_model_len,
+            use_fp4_cache=plan.use_fp4_cache, mx_scales=plan.mx_scales, layout_code=plan.layout,
+            n_per_tile=plan.n_per_tile, clean_logits=plan.clean_logits, out=call.out)
+        return
+    settings = settings_for(plan)
+    # Four-byte scale loads where the pages allow them (the address is the call's).
+    scale_words = cache.data_ptr() % 4 == 0 and plan.strides["page_stride"] % 4 == 0
+    key = (settings, scale_words)
+    launch = plan.launches.get(key) or plan.launches.setdefault(
+        key, _logits_launch(plan, settings, scale_words))
+    kernel, grid = launch
+    values = _raw_bits(call.q_values)
+    kernel(grid, q_ptr=values,
+           qs_ptr=call.q_scales if call.q_scales is not None else call.context_lens,  # unread
+           w_ptr=_raw_bits(call.weights), cache_ptr=cache, ctx_ptr=call.context_lens,
+           table_ptr=call.block_table, out_ptr=call.out)
+
+
+@declare_op(check=check_logits, run=run_logits, mutates=("out",))
+def paged_mqa_logits_into(
+    q_values: torch.Tensor,
+    q_scales: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    mx_scales: bool | None = None,
+    shuffle: bool | None = None,
+    mxfp4_n_per_tile: int = 0,
+    clean_logits: bool = True,
+    backend: str | None = None,
+) -> None:
+    """``paged_mqa_logits`` written into ``out`` (float32 ``[B * next_n, max_model_len]``),
+    with the query as its two tensors: the ``torch.library`` op behind the public function."""
+
+
+def paged_mqa_logits(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+    k_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_model_len: int,
+    *,
+    mx_scales: bool | None = None,
+    shuffle: bool | None = None,
+    mxfp4_n_per_tile: int = 0,
+    clean_logits: bool = True,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Score every query row against the keys of its sequence, reading the cache in place.
+
+    ``logits[b * next_n + i, t] = sum_h weights[b * next_n + i, h] * relu(q[b, i, h, :] .
+    K[b, t, :])`` with ``q`` and ``K`` dequantized, for every position ``t`` the row sees;
+    ``K[b, t]`` is row ``t % block_size`` of block ``block_table[b, t // block_size]``.
+
+    Args:
+        q: bf16 ``[B, next_n, H, 128]``, or ``(values, scales)``: e4m3 ``[B, next_n, H,
+            128]`` or packed MXFP4 uint8 ``[B, next_n, H, 64]`` (element ``2i`` in the low
+            nibble), and ``None`` or int32 ``[B, next_n, H]`` holding four UE8M0 bytes
+            (byte ``j``, little-endian, scales dims ``32j .. 32j + 31``); MXFP4 values need
+            scales. ``H`` is 1 .. 128.
+        k_cache: the cache as the store writes it, uint8 ``[num_blocks, block_size, 132 |
+            68]`` (pages may be padded) or the 4-d view ``[num_blocks, block_size, 1,
+            row]``; FP8 or MXFP4 follows from the row width.
+        weights: fp32 or bf16 ``[B * next_n, H]``.
+        context_lens: int32 ``[B]`` (query ``i`` sees ``t < context_lens[b] - next_n + i +
+            1``) or ``[B, next_n]`` (each query's own limit). Limits are clamped to
+            ``[0, min(max_model_len, max_blocks * block_size)]``.
+        block_table: int32 ``[B, max_blocks]``. A block id outside ``[0, num_blocks)`` is
+            never dereferenced: its positions score ``-inf``.
+        max_model_len: the width of the result.
+        mx_scales, shuffle, mxfp4_n_per_tile: the cache's format and layout, as for the
+            store (same defaults).
+        clean_logits: write ``-inf`` past each row's limit (else leave those columns as
+            they are: uninitialised memory when ``out`` is not given).
+        out: float32 ``[B * next_n, max_model_len]`` to write into.
+        backend: ``"triton"``, ``"reference"`` or ``None`` (Triton on GPUs and under
+            ``TRITON_INTERPRET=1``, the torch reference otherwise).
+
+    Returns:
+        float32 ``[B * next_n, max_model_len]`` (``out`` when given).
+    """
+    values, scales = split_query(q)
+    if not _is_int(max_model_len):
+        fail_type("max_model_len", "an int", type(max_model_len).__name__)
+    if max_model_len < 0:
+        fail_value("max_model_len", ">= 0", max_model_len)
+    rows = values.shape[0] * values.shape[1] if values.dim() == 4 else -1
+    if out is None:
+        if rows < 0:
+            _query_form(values, scales)  # names the bad shape
+        out = torch.empty((rows, max_model_len), dtype=torch.float32, device=values.device)
+    elif isinstance(out, torch.Tensor) and tuple(out.shape) != (rows, max_model_len):
+        fail_value("out", f"shape [B * next_n, max_model_len] = {[rows, max_model_len]}",
+                   f"shape {tuple(out.shape)}")
+    paged_mqa_logits_into(values, scales, k_cache, weights, context_lens, block_table, out,
+                          mx_scales=mx_scales, shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile,
+                          clean_logits=clean_logits, backend=backend)
+    return out

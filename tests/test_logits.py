@@ -1,0 +1,517 @@
+"""The scorer: paged MQA logits against an independent float64 computation.
+
+Keys are written into padded, sentinel-filled pages by the real store; the expected logits
+are computed here from the cache's bytes (offsets typed again in ``oracle.offsets``) and
+the queries, in float64, with the bound of the contract:
+
+    |got - want| <= 2e-3 * sum_h |w_h| * sum_d |q_hd * K_td|      (per element)
+
+plus exact ``-inf`` placement and the top-64 of each row wherever the float64 values
+separate it by more than the bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import pytest
+import torch
+
+import indexer_kcache as ik
+from indexer_kcache import compat
+from indexer_kcache.kernels import INTERPRETED
+from indexer_kcache.logits import (
+    check_logits,
+    logits_settings,
+    paged_mqa_logits,
+    paged_mqa_logits_into,
+    run_logits,
+    split_query,
+)
+
+from . import oracle
+from .cases import DEVICE, make_case
+
+RELATIVE_BOUND = 2e-3
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0,
+                     -4.0, -6.0], dtype=torch.float64)
+# format -> (use_fp4_cache, mx_scales); layout -> (shuffle, mxfp4_n_per_tile)
+FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+LAYOUTS = {
+    "fp8": {"row-major": (False, 0), "tiled": (True, 0)},
+    "fp8-mx": {"row-major": (False, 0), "tiled": (True, 0)},
+    "mxfp4": {"row-major": (False, 0), "preshuffle16": (True, 16), "preshuffle32": (True, 32),
+              "preshuffle64": (True, 64)},
+}
+FORMAT_LAYOUTS = [(f, name) for f in FORMATS for name in LAYOUTS[f]]
+Q_FORMS = ["bf16", "e4m3", "e4m3-mx", "mxfp4"]
+# Blocks of 64 tokens for some layouts (a tile of keys then lies in one block), 16 otherwise.
+BLOCK_SIZES = {("fp8", "tiled"): 64, ("fp8-mx", "row-major"): 64, ("mxfp4", "preshuffle64"): 64,
+               ("mxfp4", "preshuffle32"): 32}
+HEADS = [1, 3, 8, 16]
+
+
+# ------------------------------------------------------------------------------ inputs
+@functools.cache
+def stored_cache(fmt: str, layout_name: str, block_size: int, num_blocks: int, seed: int = 0):
+    """A padded cache, every slot written by the store (slots in scrambled order), and its
+    options. Cached: the interpreter's store is the slow part."""
+    fp4, mx = FORMATS[fmt]
+    shuffle, n = LAYOUTS[fmt][layout_name]
+    gen = torch.Generator().manual_seed(seed)
+    case = make_case(num_blocks * block_size, use_fp4_cache=fp4, block_size=block_size,
+                     num_blocks=num_blocks, skip_every=0, generator=gen)
+    cache = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(cache), n, mx_scales=mx, shuffle=shuffle)
+    return cache, dict(mx_scales=mx, shuffle=shuffle, mxfp4_n_per_tile=n)
+
+
+def make_queries(q_form: str, batch: int, next_n: int, heads: int, gen: torch.Generator):
+    shape = (batch, next_n, heads)
+    # Magnitudes vary per head, so that heads weigh differently.
+    spread = torch.exp2(torch.randint(-3, 4, (*shape, 1), generator=gen).float())
+    x = torch.randn(*shape, 128, generator=gen) * spread
+    if q_form == "bf16":
+        return x.to(torch.bfloat16).to(DEVICE)
+    if q_form == "mxfp4":
+        values = torch.randint(0, 256, (*shape, 64), generator=gen, dtype=torch.uint8)
+    else:
+        values = (x * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scales = None
+    if q_form in ("e4m3-mx", "mxfp4"):
+        exponents = torch.randint(127 - 6, 127 + 4, (*shape, 4), generator=gen, dtype=torch.uint8)
+        scales = exponents.view(torch.int32).reshape(shape).to(DEVICE)
+    return values.to(DEVICE), scales
+
+
+def make_call(fmt, layout_name, q_form, *, batch=4, next_n=1, heads=8, ctx_2d=False,
+              block_size=None, num_blocks=12, max_blocks=5, max_model_len=None, seed=0,
+              bad_blocks=True, weights_bf16=False):
+    """Arguments of one call: ragged lengths (one sequence of length 0, one past the block
+    table), scrambled block tables, some block ids out of range."""
+    block_size = block_size or BLOCK_SIZES.get((fmt, layout_name), 16)
+    cache, options = stored_cache(fmt, layout_name, block_size, num_blocks)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    q = make_queries(q_form, batch, next_n, heads, gen)
+    weights = torch.randn(batch * next_n, heads, generator=gen)
+    weights = weights.to(torch.bfloat16 if weights_bf16 else torch.float32).to(DEVICE)
+    table = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks]
+                         for _ in range(batch)]).to(torch.int32)
+    span = max_blocks * block_size
+    if bad_blocks and batch > 1:  # never dereferenced: their positions score -inf
+        table[1, -1] = num_blocks
+        table[batch - 1, 0] = -1
+        table[0, 1] = 1 << 30
+    if ctx_2d:
+        lens = torch.randint(0, span + 8, (batch, next_n), generator=gen, dtype=torch.int32)
+        lens[0] = 0
+    else:
+        lens = torch.randint(next_n, span, (batch,), generator=gen, dtype=torch.int32)
+        lens[0] = 0
+        if batch > 2:
+            lens[2] = span + 40  # past the block table: clamped
+    if max_model_len is None:
+        max_model_len = span + 16  # wider than the table: the rest is -inf
+    return dict(q=q, k_cache=cache, weights=weights, context_lens=lens.to(DEVICE),
+                block_table=table.to(DEVICE), max_model_len=max_model_len), options
+
+
+# ------------------------------------------------------------------ expected, float64
+def decode_queries(q) -> torch.Tensor:
+    if isinstance(q, torch.Tensor):
+        return q.double().cpu()
+    values, scales = q
+    values = values.cpu()
+    if values.dtype == torch.uint8:
+        codes = torch.stack([values & 0xF, values >> 4], dim=-1).reshape(*values.shape[:-1], 128)
+        x = E2M1[codes.long()]
+    else:
+        x = values.double()
+    if scales is not None:
+        exponents = scales.cpu().contiguous().view(torch.uint8).reshape(*scales.shape, 4)
+        factor = torch.exp2(exponents.double() - 127)
+        x = x * factor.repeat_interleave(32, dim=-1)
+    return x
+
+
+def key_bytes(cache: torch.Tensor, slot: int, fp4: bool, shuffle: bool, n: int):
+    """The value and scale bytes of a slot, read with the contract's offsets."""
+    num_blocks, block_size, _ = cache.shape
+    flat = cache.as_strided((num_blocks * cache.stride(0),), (1,)).cpu()
+    vals, scs = oracle.offsets(slot % block_size, block_size, fp4, shuffle, n)
+    base = (slot // block_size) * cache.stride(0)
+    return flat[[base + o for o in vals]], flat[[base + o for o in scs]]
+
+
+def decode_key(values: torch.Tensor, scales: torch.Tensor, fp4: bool, mx: bool) -> torch.Tensor:
+    if fp4:
+        codes = torch.stack([values & 0xF, values >> 4], dim=-1).reshape(128)
+        group_scale = torch.exp2(scales.double() - 127)
+        group_scale[scales == 255] = float("nan")
+        return E2M1[codes.long()] * group_scale.repeat_interleave(32)
+    x = values.view(torch.float8_e4m3fn).double()
+    if mx:
+        scale = float("nan") if int(scales[0]) == 255 else 2.0 ** (int(scales[0]) - 127)
+    else:
+        scale = float(scales.contiguous().view(torch.float32)[0])
+    return x * scale
+
+
+def expected(call: dict, options: dict):
+    """(want float64 [rows, max_model_len] with -inf where nothing is seen, bound)."""
+    cache = call["k_cache"]
+    if cache.dim() == 4:
+        cache = cache[:, :, 0]
+    num_blocks, block_size, row = cache.shape
+    fp4 = row == 68
+    mx = options.get("mx_scales", False) and not fp4
+    shuffle, n = options.get("shuffle", False), options.get("mxfp4_n_per_tile", 0)
+    q = decode_queries(call["q"])  # [B, next_n, H, 128]
+    batch, next_n, heads, _ = q.shape
+    w = call["weights"].double().cpu().reshape(batch, next_n, heads)
+    lens = call["context_lens"].long().cpu()
+    table = call["block_table"].long().cpu()
+    width = call["max_model_len"]
+    cols = min(width, table.shape[1] * block_size)
+    want = torch.full((batch * next_n, width), float("-inf"), dtype=torch.float64)
+    bound = torch.zeros(batch * next_n, width, dtype=torch.float64)
+    keys = {}
+    for b in range(batch):
+        for i in range(next_n):
+            limit = int(lens[b, i]) if lens.dim() == 2 else int(lens[b]) - next_n + i + 1
+            limit = max(0, min(limit, cols))
+            r = b * next_n + i
+            for t in range(limit):
+                block = int(table[b, t // block_size])
+                if not 0 <= block < num_blocks:
+                    continue
+                slot = block * block_size + t % block_size
+                if slot not in keys:
+                    keys[slot] = decode_key(*key_bytes(cache, slot, fp4, shuffle, n), fp4, mx)
+                k = keys[slot]
+                dots = q[b, i] @ k  # [H]
+                want[r, t] = (w[b, i] * torch.relu(dots)).sum()
+                bound[r, t] = RELATIVE_BOUND * (w[b, i].abs() * ((q[b, i] * k).abs().sum(-1))).sum()
+    return want, bound
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, what: str = ""):
+    got = got.double().cpu()
+    assert got.shape == want.shape, what
+    inf = torch.isneginf(want)
+    assert torch.equal(torch.isneginf(got), inf), (
+        f"{what}: -inf differs at {torch.nonzero(torch.isneginf(got) != inf)[:5].tolist()}")
+    finite = ~inf
+    assert torch.isfinite(got[finite]).all(), f"{what}: non-finite values where scores belong"
+    err = (got - want).abs()
+    bad = finite & (err > bound)
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} values off by more than the bound; first "
+        f"{torch.nonzero(bad)[0].tolist()}: got {got[bad][0].item()}, want {want[bad][0].item()}, "
+        f"bound {bound[bad][0].item()}")
+
+
+def assert_top_k_agrees(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, k: int = 64
+                        ) -> int:
+    """Rows whose k-th and (k+1)-th float64 values differ by more than their bounds must
+    pick the same top-k columns. Returns how many rows were checked."""
+    checked = 0
+    got = got.double().cpu()
+    for r in range(want.shape[0]):
+        finite = torch.isfinite(want[r])
+        if int(finite.sum()) <= k:
+            continue
+        order = torch.argsort(want[r], descending=True)
+        top, rest = order[:k], order[k:]
+        kth, next_one = top[-1], rest[0]
+        if want[r, kth] - want[r, next_one] <= bound[r, kth] + bound[r, next_one]:
+            continue  # too close to call within the bound
+        checked += 1
+        got_top = set(torch.topk(got[r], k).indices.tolist())
+        assert got_top == set(top.tolist()), f"row {r}: top-{k} differs"
+    return checked
+
+
+def run_and_check(call, options, backend="triton", what=""):
+    got = paged_mqa_logits(**call, **options, backend=backend)
+    assert got.dtype == torch.float32 and got.device.type == torch.device(DEVICE).type
+    want, bound = expected(call, options)
+    assert_close(got, want, bound, what)
+    return got, want, bound
+
+
+# ---------------------------------------------------------------------------- accuracy
+# Each case also takes one of next_n 1, 2, 4, one of the context_lens forms, a head count
+# and a weights dtype, in turn.
+ACCURACY_CASES = [
+    pytest.param(fmt, layout_name, q_form, index, id=f"{fmt}-{layout_name}-q_{q_form}")
+    for index, (fmt, layout_name, q_form) in enumerate(
+        (f, name, q) for f, name in FORMAT_LAYOUTS for q in Q_FORMS)
+]
+
+
+@pytest.mark.parametrize("fmt, layout_name, q_form, index", ACCURACY_CASES)
+def test_every_format_layout_and_query_form(fmt, layout_name, q_form, index):
+    next_n = (1, 2, 4)[index % 3]
+    call, options = make_call(fmt, layout_name, q_form, next_n=next_n, heads=HEADS[index % 4],
+                              ctx_2d=index % 2 == 1, seed=index, weights_bf16=index % 5 == 0)
+    run_and_check(call, options, what=f"{fmt} {layout_name} q {q_form} next_n {next_n}")
+
+
+@pytest.mark.parametrize("ctx_2d", [False, True], ids=["ctx_1d", "ctx_2d"])
+@pytest.mark.parametrize("next_n", [1, 2, 4])
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "mxfp4"), ("fp8-mx", "bf16")],
+                         ids=["fp8-q_e4m3", "mxfp4-q_mxfp4", "fp8-mx-q_bf16"])
+def test_next_n_and_both_context_forms(fmt, q_form, next_n, ctx_2d):
+    call, options = make_call(fmt, "row-major", q_form, next_n=next_n, heads=3, ctx_2d=ctx_2d,
+                              seed=7 * next_n + ctx_2d)
+    run_and_check(call, options)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "mxfp4")],
+                         ids=["fp8-q_e4m3", "mxfp4-q_mxfp4"])
+def test_longer_rows_and_their_top_64(fmt, q_form, backend):
+    """A few hundred keys a row, so that the top-64 can be compared. Few heads with positive
+    weights keep the bound tight enough for rows to be separated at the 64th value."""
+    call, options = make_call(fmt, "row-major", q_form, batch=3, next_n=2, heads=2,
+                              block_size=64, num_blocks=8, max_blocks=6, bad_blocks=False,
+                              seed=3)
+    call["weights"] = call["weights"].abs() + 0.5
+    call["context_lens"] = torch.tensor([300, 384, 170], dtype=torch.int32, device=DEVICE)
+    got, want, bound = run_and_check(call, options, backend=backend)
+    assert assert_top_k_agrees(got, want, bound) > 0, "no row was separated enough to check"
+
+
+def op_call(call: dict, options: dict):
+    """The arguments of the op behind ``paged_mqa_logits`` (a fresh ``out``), as its named
+    tuple."""
+    values, scales = split_query(call["q"])
+    out = torch.full((values.shape[0] * values.shape[1], call["max_model_len"]), 7.0,
+                     device=values.device)
+    return paged_mqa_logits_into.op.bind(values, scales, call["k_cache"], call["weights"],
+                                         call["context_lens"], call["block_table"], out,
+                                         **options)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU the native path is the one tested above")
+@pytest.mark.parametrize("q_form", ["e4m3", "e4m3-mx", "mxfp4"])
+@pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS, ids=[f"{f}-{n}" for f, n in FORMAT_LAYOUTS])
+def test_native_path_arithmetic_under_the_interpreter(fmt, layout_name, q_form):
+    """The tensor-core path's arithmetic (E2M1 codes as e4m3 bytes in a permuted group order,
+    per-group dots and scales, query scales folded into the queries, key scales after the
+    head sum), run by the interpreter with integer decoding in place of the inline PTX.
+    (Not bf16 queries: the interpreter's bf16 dot is wrong.)"""
+    call, options = make_call(fmt, layout_name, q_form, next_n=2, heads=8, seed=21)
+    arguments = op_call(call, options)
+    plan = dataclasses.replace(check_logits(arguments), native=True)
+    run_logits(plan, arguments)
+    got = arguments.out
+    want, bound = expected(call, options)
+    assert_close(got, want, bound)
+
+
+def test_reference_backend_matches_too():
+    call, options = make_call("mxfp4", "preshuffle16", "e4m3-mx", next_n=2, ctx_2d=True, seed=5)
+    run_and_check(call, options, backend="reference")
+
+
+def test_every_row_empty_and_zero_width():
+    call, options = make_call("fp8", "row-major", "e4m3", batch=2, next_n=2)
+    call["context_lens"] = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    got = paged_mqa_logits(**call, **options)
+    assert torch.isneginf(got).all()
+    call["max_model_len"] = 0
+    assert paged_mqa_logits(**call, **options).shape == (4, 0)
+
+
+def test_max_model_len_narrower_than_the_table():
+    call, options = make_call("mxfp4", "row-major", "e4m3", next_n=2, max_model_len=37, seed=11)
+    run_and_check(call, options)
+
+
+# ------------------------------------------------------------------- options and forms
+def test_unclean_logits_leave_the_other_columns_untouched():
+    call, options = make_call("fp8", "tiled", "e4m3-mx", next_n=2, seed=2)
+    rows, width = call["weights"].shape[0], call["max_model_len"]
+    out = torch.full((rows, width), 12345.0, device=DEVICE)
+    got = paged_mqa_logits(**call, **options, clean_logits=False, out=out)
+    assert got is out
+    want, bound = expected(call, options)
+    seen = torch.zeros(rows, width, dtype=torch.bool)
+    lens = call["context_lens"].long().cpu()
+    next_n = call["q"][0].shape[1]
+    cols = min(width, call["block_table"].shape[1] * call["k_cache"].shape[1])
+    for r in range(rows):
+        b, i = divmod(r, next_n)
+        limit = max(0, min(int(lens[b]) - next_n + i + 1, cols))
+        seen[r, :limit] = True
+    assert (got.cpu()[~seen] == 12345.0).all()
+    assert_close(torch.where(seen.to(got.device), got, float("-inf")), want, bound)
+
+
+def test_out_is_written_in_place():
+    call, options = make_call("mxfp4", "preshuffle32", "bf16", seed=4)
+    fresh = paged_mqa_logits(**call, **options)
+    out = torch.full_like(fresh, float("nan"))
+    assert paged_mqa_logits(**call, **options, out=out) is out
+    assert torch.equal(out, fresh)
+
+
+def test_four_dim_cache_view_and_deepgemm_entry_point():
+    call, options = make_call("fp8", "row-major", "e4m3", next_n=2, seed=6)
+    want = paged_mqa_logits(**call, **options)
+    cache4 = call["k_cache"].unsqueeze(2)
+    got = paged_mqa_logits(**dict(call, k_cache=cache4), **options)
+    assert torch.equal(got, want)
+    if torch.device(DEVICE).type == "cuda" and torch.cuda.get_device_capability()[0] == 10:
+        return  # the platform default there is MX scales, not this cache's format
+    schedule = compat.get_paged_mqa_logits_metadata(call["context_lens"], 16, 132)
+    assert schedule.shape == (133, 2) and schedule.dtype == torch.int32
+    out = compat.fp8_fp4_paged_mqa_logits(call["q"], cache4, call["weights"], call["context_lens"],
+                                          call["block_table"], schedule, call["max_model_len"])
+    # Unclean, as DeepGEMM's: columns past a row's limit are not written; the rest agrees.
+    written = ~torch.isneginf(want)
+    assert written.any() and torch.equal(out[written], want[written])
+
+
+def test_poisoned_keys_score_nan():
+    """A NaN scale (UE8M0 byte 255, an fp32 NaN) makes its key's logits NaN, and only its."""
+    for fmt in ("fp8", "fp8-mx", "mxfp4"):
+        fp4, mx = FORMATS[fmt]
+        call, options = make_call(fmt, "row-major", "e4m3", batch=1, next_n=1, seed=9,
+                                  bad_blocks=False)
+        cache = call["k_cache"].clone()
+        call["k_cache"] = cache
+        call["context_lens"] = torch.tensor([40], dtype=torch.int32, device=DEVICE)
+        block_size = cache.shape[1]
+        block = int(call["block_table"][0, 21 // block_size])  # position 21
+        _, scale_at = oracle.offsets(21 % block_size, block_size, fp4, False, 0)
+        page = cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+        if fmt == "fp8":
+            page[block, scale_at[0]:scale_at[0] + 4] = torch.tensor(
+                [0, 0, 0xC0, 0x7F], dtype=torch.uint8, device=DEVICE)  # fp32 NaN
+        else:
+            page[block, scale_at[1 if fp4 else 0]] = 255
+        got = paged_mqa_logits(**call, **options).cpu()
+        assert torch.isnan(got[0, 21]), fmt
+        assert torch.isfinite(got[0, :40][torch.arange(40) != 21]).all(), fmt
+
+
+# ----------------------------------------------------------------------------- settings
+def test_settings_are_deterministic_and_split_long_rows():
+    a = logits_settings(1, 1, 64, 131072, False, 1, 132, interpreted=False)
+    assert a == logits_settings(1, 1, 64, 131072, False, 1, 132, interpreted=False)
+    assert a.splits > 1 and a.rows == 1
+    b = logits_settings(64, 4, 64, 32768, True, 3, 132, interpreted=False)
+    assert b.rows == 4
+    assert logits_settings(2, 4, 128, 4096, False, 0, 132, interpreted=False).rows <= 2
+
+
+def test_plan_is_frozen_and_complete():
+    call, options = make_call("mxfp4", "preshuffle16", "mxfp4", next_n=2, ctx_2d=True)
+    plan = check_logits(op_call(call, options))
+    assert (plan.use_fp4_cache, plan.n_per_tile, plan.next_n, plan.heads, plan.ctx_2d) == (
+        True, 16, 2, 8, True)
+    with pytest.raises(AttributeError):
+        plan.heads = 3
+
+
+# ------------------------------------------------------------------------------ errors
+def bad_calls():
+    """(id, exception, words in the message, change to a valid call's arguments)."""
+    f8 = torch.float8_e4m3fn
+    return [
+        ("q-type", TypeError, "q", lambda c: dict(q="q")),
+        ("q-dtype", TypeError, "q", lambda c: dict(q=c["q"][0].float())),
+        ("q-values-dtype", TypeError, "q[0]", lambda c: dict(q=(c["q"][0].view(torch.int8), None))),
+        ("q-scales-dtype", TypeError, "q[1]",
+         lambda c: dict(q=(c["q"][0], torch.zeros(c["q"][0].shape[:3], device=DEVICE)))),
+        ("q-shape", ValueError, "q[0]", lambda c: dict(q=(c["q"][0][..., :64], None))),
+        ("q-mxfp4-no-scales", ValueError, "q[1]",
+         lambda c: dict(q=(c["q"][0].view(torch.uint8)[..., :64], None))),
+        ("q-scales-shape", ValueError, "q[1]",
+         lambda c: dict(q=(c["q"][0], torch.zeros(2, dtype=torch.int32, device=DEVICE)))),
+        ("q-heads", ValueError, "heads",
+         lambda c: dict(q=(torch.zeros(4, 1, 129, 128, device=DEVICE).to(f8), None))),
+        ("q-stride", ValueError, "q[0].stride(-1)",
+         lambda c: dict(q=(c["q"][0].transpose(2, 3).contiguous().transpose(2, 3), None))),
+        ("cache-dtype", TypeError, "k_cache", lambda c: dict(k_cache=c["k_cache"].view(torch.int8))),
+        ("cache-row", ValueError, "k_cache.shape[-1]", lambda c: dict(k_cache=c["k_cache"][..., :100])),
+        ("cache-2d", ValueError, "k_cache", lambda c: dict(k_cache=c["k_cache"][0])),
+        ("cache-4d", ValueError, "k_cache.shape[2]",
+         lambda c: dict(k_cache=c["k_cache"].unsqueeze(2).expand(-1, -1, 2, -1))),
+        ("weights-dtype", TypeError, "weights", lambda c: dict(weights=c["weights"].half())),
+        ("weights-shape", ValueError, "weights", lambda c: dict(weights=c["weights"][:, :2])),
+        ("ctx-dtype", TypeError, "context_lens", lambda c: dict(context_lens=c["context_lens"].float())),
+        ("ctx-shape", ValueError, "context_lens",
+         lambda c: dict(context_lens=c["context_lens"][:2])),
+        ("table-dtype", TypeError, "block_table",
+         lambda c: dict(block_table=c["block_table"].float())),
+        ("table-shape", ValueError, "block_table", lambda c: dict(block_table=c["block_table"][:2])),
+        ("table-stride", ValueError, "block_table.stride(-1)",
+         lambda c: dict(block_table=c["block_table"].t().contiguous().t())),
+        ("max-len-type", TypeError, "max_model_len", lambda c: dict(max_model_len=64.0)),
+        ("max-len-bool", TypeError, "max_model_len", lambda c: dict(max_model_len=True)),
+        ("max-len-neg", ValueError, "max_model_len", lambda c: dict(max_model_len=-1)),
+        ("device", ValueError, "device", lambda c: dict(weights=c["weights"].to("meta"))),
+        ("out-dtype", TypeError, "out",
+         lambda c: dict(out=torch.zeros(4, c["max_model_len"], dtype=torch.float64, device=DEVICE))),
+        ("out-shape", ValueError, "out", lambda c: dict(out=torch.zeros(4, 3, device=DEVICE))),
+        ("clean-type", TypeError, "clean_logits", lambda c: dict(clean_logits=1)),
+        ("mx-type", TypeError, "mx_scales", lambda c: dict(mx_scales="no")),
+        ("backend", ValueError, "backend", lambda c: dict(backend="cuda")),
+        ("n-per-tile", NotImplementedError, "mxfp4_n_per_tile",
+         lambda c: dict(k_cache=stored_cache("mxfp4", "row-major", 16, 12)[0], shuffle=True)),
+        ("n-per-tile-value", ValueError, "mxfp4_n_per_tile",
+         lambda c: dict(k_cache=stored_cache("mxfp4", "row-major", 16, 12)[0], shuffle=True,
+                        mxfp4_n_per_tile=32)),
+    ]
+
+
+@pytest.mark.parametrize("name, error, words, change", bad_calls(), ids=[b[0] for b in bad_calls()])
+def test_bad_arguments_raise_naming_them(name, error, words, change):
+    call, options = make_call("fp8", "row-major", "e4m3")
+    with pytest.raises(error, match=re.escape(words)):
+        paged_mqa_logits(**(call | options | change(call)))
+
+
+def test_deepgemm_entry_point_rejects_indices():
+    call, _ = make_call("fp8", "row-major", "e4m3")
+    with pytest.raises(NotImplementedError, match="indices"):
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
+                                        call["context_lens"], call["block_table"], None,
+                                        call["max_model_len"], indices=call["context_lens"])
+    with pytest.raises(ValueError, match="num_sms"):
+        compat.get_paged_mqa_logits_metadata(call["context_lens"], 16, 0)
+
+
+# --------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "mxfp4"), ("mxfp4", "e4m3"),
+                                         ("fp8", "bf16")])
+def test_cuda_graph_replays_with_new_inputs(fmt, q_form):
+    call, options = make_call(fmt, "row-major", q_form, batch=3, next_n=2, heads=64,
+                              block_size=64, num_blocks=8, max_blocks=6, seed=12)
+    static = {k: (tuple(x.clone() if x is not None else None for x in v) if isinstance(v, tuple)
+                  else v.clone() if isinstance(v, torch.Tensor) else v) for k, v in call.items()}
+    paged_mqa_logits(**static, **options)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_mqa_logits(**static, **options)
+    for seed in (13, 14):
+        new, _ = make_call(fmt, "row-major", q_form, batch=3, next_n=2, heads=64,
+                           block_size=64, num_blocks=8, max_blocks=6, seed=seed)
+        for key in ("q", "weights", "context_lens", "block_table"):
+            if isinstance(static[key], tuple):
+                for dst, src in zip(static[key], new[key], strict=True):
+                    if dst is not None:
+                        dst.copy_(src)
+            else:
+                static[key].copy_(new[key])
+        graph.replay()
+        want, bound = expected(static, options)
+        assert_close(out, want, bound, f"replay {seed}")
