@@ -84,14 +84,28 @@ def test_unknown_versions_take_the_plain_path():
 
 def test_plain_eager_is_false_under_modes_and_on_the_plain_path():
     t = torch.zeros(2)
-    assert fast_path.plain_eager((t, t)) is fast_path.enabled()
-    assert not fast_path.plain_eager((torch.nn.Parameter(t), t))
+    assert fast_path.plain_eager() is fast_path.enabled()
+    assert fast_path.plain_tensors((t, t))
+    assert not fast_path.plain_tensors((torch.nn.Parameter(t), t))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        assert not fast_path.plain_eager((t, t))
+        assert not fast_path.plain_eager()
     with fast_path.disabled():
-        assert not fast_path.plain_eager((t, t))
+        assert not fast_path.plain_eager()
+
+
+def test_a_tensor_subclass_goes_through_the_op():
+    """A plain eager call with a tensor subclass does not run the implementation directly
+    (the subclass may expect its own dispatch): the same bytes through the op."""
+    case = make_case(9, block_size=16, num_blocks=2)
+    want = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(want))
+    got = case.new_cache()
+    args = list(case.args(got))
+    args[3] = torch.nn.Parameter(case.weight, requires_grad=False)
+    ik.indexer_k_norm_rope_store(*args)
+    assert torch.equal(pages(got), pages(want))
 
 
 def test_a_tunable_setting_is_overridden_only_inside_the_block():

@@ -125,15 +125,20 @@ def guard_class() -> type:
     return NATIVE_GUARD if _enabled else MetadataGuard
 
 
-def plain_eager(tensors: tuple) -> bool:
-    """True for a plain eager call: its tensors are plain ``torch.Tensor``s and no dispatch
-    or torch-function mode intercepts (fake or functional tensors, tracing). Such a call may
-    run the op's implementation without the dispatcher's argument boxing; anything else
-    must go through the op. (torch.compile's tracing is ruled out before this is asked:
-    see ``launcher``.) Always False on the plain path."""
-    if not _enabled or torch._C._len_torch_dispatch_stack() or (
-            torch._C._is_torch_function_mode_enabled()):
-        return False
+def plain_eager() -> bool:
+    """True when a call may skip the dispatcher: the fast path is on and no dispatch or
+    torch-function mode intercepts (fake or functional tensors, tracing). The caller also
+    makes sure its tensors are plain ``torch.Tensor``s (a kept plan's guard does, for the
+    calls that find one) and that torch.compile is not tracing (see ``launcher``). Such a
+    call may run the op's implementation without the dispatcher's argument boxing; anything
+    else must go through the op."""
+    return _enabled and not torch._C._len_torch_dispatch_stack() and (
+        not torch._C._is_torch_function_mode_enabled())
+
+
+def plain_tensors(tensors: tuple) -> bool:
+    """Whether every tensor is a plain ``torch.Tensor`` (no subclass that would expect its
+    own dispatch)."""
     for t in tensors:
         if type(t) is not torch.Tensor:
             return False

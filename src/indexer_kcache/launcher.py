@@ -138,7 +138,7 @@ class Op:
         self._optional_names = [names[i] for i in optional]
         self.plans = PlanCache([token_dims.get(n, ()) for n in self._tensor_names])
         self._token_dims = token_dims
-        self.tensor_positions = required
+        self.tensor_positions, self.option_positions = required, other
         self.bind = _binder(self.name, signature, self.Call, lambda call: call)
         self.entry = _entry(self, signature)
         functools.update_wrapper(self.entry, declaration)
@@ -168,11 +168,14 @@ class Op:
         plan = self.check(call)
         return None if self.fake is None else self.fake(plan, call)
 
-    def implementation(self, call, tensors: tuple | None = None):
-        """Find or make the call's plan, then run it."""
-        options = self._options(call)
-        options += tuple(map(type, options))
-        if tensors is None:
+    def implementation(self, call, tensors: tuple | None = None, options: tuple | None = None):
+        """Find or make the call's plan, then run it. The public entry passes the call's
+        tensors and options (non-tensor arguments, then their types) as it has them; a plain
+        eager call whose tensors are not all plain goes through the op after all."""
+        eager = options is not None
+        if options is None:
+            options = self._options(call)
+            options += tuple(map(type, options))
             tensors = self._tensors(call)
         token_dims = None
         if self._optional is not None:  # which optional tensors are given is an option
@@ -190,6 +193,8 @@ class Op:
         except TypeError:  # an unhashable option: never kept
             pass
         if plan is None:
+            if eager and not fast_path.plain_tensors(tensors):
+                return self.through_op(call)
             plan = self.check(call)
             if token_dims is not None:
                 plans.token_dims = token_dims
@@ -235,14 +240,15 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     op_args = ", ".join(p.name if p.kind is not p.KEYWORD_ONLY else f"{p.name}={p.name}"
                         for p in params)
     tensors = ", ".join(p.name for i, p in enumerate(params) if i in op.tensor_positions)
+    options = [p.name for i, p in enumerate(params) if i in op.option_positions]
+    options = ", ".join(options + [f"type({name})" for name in options])
     call = _named_tuple(signature, op.Call, namespace)
     source = "\n".join([
         f"def {op.name}({_parameters(signature, namespace)}):",
         "    if _compiling():",
         f"        return _op({op_args})",
-        f"    tensors = ({tensors},)",
-        "    if _plain_eager(tensors):",
-        f"        return _implementation({call}, tensors)",
+        "    if _plain_eager():",
+        f"        return _implementation({call}, ({tensors},), ({options},))",
         f"    return _through_op({call})",
     ]) + "\n"
     exec(source, namespace)  # noqa: S102 (generated from the declared signature)
