@@ -148,3 +148,47 @@ def test_device_mismatch_is_an_error():
     with pytest.raises(ValueError, match="rms_norm_weight.device"):
         ik.indexer_k_norm_rope_store(*case.args(cache)[:3], case.weight.to("meta"),
                                      *case.args(cache)[4:])
+
+
+# ------------------------------------------------------------- the scorer and the top-k
+def _scoring_inputs():
+    """A small FP8 cache written by the store, e4m3 queries and ragged lengths."""
+    case = make_case(48, block_size=16, num_blocks=3, skip_every=0, compress_ratio=1)
+    cache = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(cache))
+    device = cache.device
+    q = (torch.randn(2, 1, 4, 128, device=device) * 3).to(torch.float8_e4m3fn)
+    weights = torch.randn(2, 4, device=device)
+    context_lens = torch.tensor([40, 13], dtype=torch.int32, device=device)
+    block_table = torch.tensor([[2, 0, 1], [1, 2, 0]], dtype=torch.int32, device=device)
+    return q, cache, weights, context_lens, block_table
+
+
+def test_opcheck_scorer_and_top_k():
+    q, cache, weights, context_lens, block_table = _scoring_inputs()
+    out = torch.empty(2, 50, device=cache.device)
+    ops = torch.ops.indexer_kcache
+    # bf16 queries: opcheck compares inputs before and after with allclose, which torch
+    # does not implement for float8 tensors.
+    torch.library.opcheck(ops.paged_mqa_logits_into.default,
+                          (q.to(torch.bfloat16), None, cache, weights, context_lens, block_table,
+                           out))
+    logits = ik.paged_mqa_logits((q, None), cache, weights, context_lens, block_table, 50)
+    lengths = ik.lengths_from_context(context_lens, 1, 50)
+    picked = torch.empty(2, 8, dtype=torch.int32, device=cache.device)
+    torch.library.opcheck(ops.top_k_indices_into.default, (logits, lengths, picked))
+
+
+def test_compile_fullgraph_scores_and_selects():
+    q, cache, weights, context_lens, block_table = _scoring_inputs()
+
+    def step(values, weights, context_lens, block_table):
+        logits = ik.paged_mqa_logits((values, None), cache, weights, context_lens,
+                                     block_table, 50)
+        return logits, ik.top_k_indices(logits, 8, ik.lengths_from_context(context_lens, 1, 50))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    want = step(q, weights, context_lens, block_table)
+    got = compiled(q, weights, context_lens, block_table)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -163,11 +163,11 @@ def _cache_format(k_cache: object) -> bool:
     if k_cache.dim() not in (3, 4):
         fail_value("k_cache", "a 3-d [num_blocks, block_size, row_bytes] or 4-d [num_blocks, "
                    "block_size, 1, row_bytes] tensor", f"shape {tuple(k_cache.shape)}")
-    rows = {layout.cache_row_bytes(False): False, layout.cache_row_bytes(True): True}
-    if k_cache.shape[-1] not in rows:
+    row = k_cache.shape[-1]  # compared, not hashed: a symbolic size when traced
+    if row != layout.cache_row_bytes(False) and row != layout.cache_row_bytes(True):
         fail_value("k_cache.shape[-1]", f"{layout.cache_row_bytes(False)} (FP8) or "
-                   f"{layout.cache_row_bytes(True)} (MXFP4) bytes per row", k_cache.shape[-1])
-    return rows[k_cache.shape[-1]]
+                   f"{layout.cache_row_bytes(True)} (MXFP4) bytes per row", row)
+    return row == layout.cache_row_bytes(True)
 
 
 def native_dots(device: torch.device) -> bool:

@@ -6,7 +6,7 @@ For query row ``r = b * next_n + i`` (query ``i`` of sequence ``b``) and positio
 
 ``q`` and ``K`` are the dequantized values (every scale applied) and ``K[b, t]`` is the key
 stored at row ``t % block_size`` of block ``block_table[b, t // block_size]``. A row sees
-the positions below its limit (``row_limits``); a position whose block id lies outside
+the positions below its limit (``lengths_from_context``); a position whose block id lies outside
 ``[0, num_blocks)`` scores ``-inf``; the columns past the limit are ``-inf`` when
 ``clean_logits``, left as they were otherwise.
 
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import INDEX_DTYPES, check_dtype, fail_type, fail_value
 from ..layout import HEAD_DIM, MXFP4_GROUP
 from .cache import cache_bytes, decode_e2m1, dequantize, token_byte_offsets, ue8m0_to_float
 
 __all__ = [
-    "row_limits",
+    "lengths_from_context",
     "q_scale_bytes",
     "dequantize_q",
     "sequence_keys",
@@ -31,21 +32,30 @@ __all__ = [
 ]
 
 
-def row_limits(context_lens: torch.Tensor, next_n: int, max_model_len: int, max_blocks: int,
-               block_size: int) -> torch.Tensor:
-    """How many leading positions each query row sees: int32 ``[B * next_n]``.
+def lengths_from_context(context_lens: torch.Tensor, next_n: int, num_cols: int) -> torch.Tensor:
+    """Per-row lengths of the scorer's logits: int32 ``[B * next_n]``, row ``b * next_n + i``
+    for query ``i`` of sequence ``b``.
 
-    Row ``b * next_n + i`` sees the positions ``t < limit``. With ``context_lens`` of shape
-    ``[B]`` (one length per sequence, ``next_n`` speculative queries at its end), query
-    ``i`` sees ``t < context_lens[b] - next_n + i + 1``; with shape ``[B, next_n]``, its own
-    ``context_lens[b, i]``. Limits are clamped to ``[0, min(max_model_len, max_blocks *
-    block_size)]``: nothing past the logits' width or the block table is ever read.
+    With ``context_lens`` of shape ``[B]`` (speculative decoding with ``next_n`` queries per
+    sequence), query ``i`` sees the positions ``t < context_lens[b] - next_n + i + 1``; with
+    shape ``[B, next_n]`` it sees ``t < context_lens[b, i]``. Lengths are clamped to
+    ``[0, num_cols]`` (the logits' width).
     """
+    for name, value, least in (("next_n", next_n, 1), ("num_cols", num_cols, 0)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            fail_type(name, "an int", type(value).__name__)
+        if value < least:
+            fail_value(name, f">= {least}", value)
+    check_dtype("context_lens", context_lens, INDEX_DTYPES)
+    if context_lens.dim() not in (1, 2) or (context_lens.dim() == 2
+                                            and context_lens.shape[1] != next_n):
+        fail_value("context_lens", f"shape [B] or [B, next_n = {next_n}]",
+                   f"shape {tuple(context_lens.shape)}")
     lens = context_lens.to(torch.int64)
     if lens.dim() == 1:
         query = torch.arange(next_n, device=lens.device)
-        lens = lens[:, None] - next_n + 1 + query[None, :]
-    return lens.reshape(-1).clamp(0, min(max_model_len, max_blocks * block_size)).to(torch.int32)
+        lens = lens[:, None] - next_n + query[None, :] + 1
+    return lens.reshape(-1).clamp(0, num_cols).to(torch.int32)
 
 
 def q_scale_bytes(scales: torch.Tensor) -> torch.Tensor:
@@ -128,7 +138,7 @@ def paged_mqa_logits(
     if out is None:
         out = torch.empty(rows, max_model_len, dtype=torch.float32, device=weights.device)
         clean_logits = True  # a new tensor has no columns to leave as they were
-    limits = row_limits(context_lens, next_n, max_model_len, max_blocks, block_size).long()
+    limits = lengths_from_context(context_lens, next_n, min(max_model_len, max_blocks * block_size)).long()
     keys, readable = sequence_keys(k_cache, block_table, num_cols, use_fp4_cache, mx_scales,
                                    layout_code, n_per_tile)
     # [B, next_n, H, 128] x [B, num_cols, 128] -> [B, next_n, num_cols, H], in float64.

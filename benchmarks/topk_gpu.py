@@ -1,0 +1,319 @@
+"""Top-k on a GPU: exactness at the issue's shapes, then times against ``torch.topk``.
+
+    python benchmarks/topk_gpu.py [--k 2048] [--quick]
+
+1. Checks ``top_k_indices`` (k = 2048) against the reference, element for element, at
+   every shape: random normal logits, rows of ties, NaN and -inf, ragged lengths with
+   the default settings, normal logits with every candidate setting timed below.
+   Reports how often a long row fell back from its candidates to the whole row.
+2. Times, by CUDA-graph replay and CUDA events (median), each candidate setting and
+   ``torch.topk(logits, k, dim=1, sorted=True)``, cycling through logits buffers that
+   together exceed the L2 cache, so every call reads its logits from device memory.
+   Bytes are the logits read; % copy is against a device-to-device copy (bytes read plus
+   written per second) measured in the same run.
+3. Per-kernel GPU times of the default settings (profiler, eager calls).
+
+Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
+"bytes", ...}``) and ``topk_gpu.txt`` to ``$OUT`` when it is set; prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from indexer_kcache import topk
+from indexer_kcache.reference import topk as reference
+
+SHAPES = [(1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192)]
+SMOKE_SHAPES = [(2, 3000), (3, 500)]  # --smoke: the checks only, tiny, on any device
+DEVICE = "cuda"
+TIME_BUDGET_S = 170  # past this, the remaining shapes time two variants only
+L2_BYTES = 50 << 20
+ROTATION_BYTES = 160 << 20  # logits cycled through per timing: over three times the L2
+
+
+# ----------------------------------------------------------------------------- timing
+def graph_time_us(fns, calls: int, replays: int = 9) -> float:
+    """Median GPU time per call over replays of one CUDA graph of ``calls`` calls that
+    cycles through ``fns``."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth_GBps(num_bytes: int = 1 << 30) -> float:
+    """Device-to-device copy: bytes read plus bytes written per second (median)."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * num_bytes / statistics.median(times[2:]) / 1e9
+
+
+# ----------------------------------------------------------------------------- inputs
+def make_logits(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    x = torch.randn(rows, cols, device=DEVICE, generator=g)
+    if kind == "ties":  # eight distinct values
+        x = torch.randint(0, 8, (rows, cols), device=DEVICE, generator=g).float()
+    elif kind == "nan-inf":
+        which = torch.randint(0, 16, (rows, cols), device=DEVICE, generator=g)
+        x[which == 0] = float("nan")
+        x[which == 1] = float("-inf")
+        x[which == 2] = float("inf")
+        x[which == 3] = -0.0
+    return x
+
+
+def ragged_lengths(rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    lengths = torch.randint(0, cols + 1, (rows,), device=DEVICE, generator=g, dtype=torch.int32)
+    lengths[0] = cols
+    if rows > 1:
+        lengths[1] = 1000  # fewer than k
+    return lengths
+
+
+def candidate_settings(rows: int, cols: int, k: int, quick: bool,
+                       interpreted: bool = False) -> dict[str, topk.TopKSettings]:
+    """The default settings and a handful of variations, by label."""
+    base = topk.topk_settings(rows, cols, k, interpreted=interpreted)
+    out = {"default": base}
+    if base.splits == 0:
+        variants = [(f"radix{bits}-warps{warps}", dict(radix_bits=bits, select_warps=warps))
+                    for bits in (4, 8) for warps in (8, 16)
+                    if (bits, warps) != (base.radix_bits, base.select_warps)]
+        variants.append(("no-compact", dict(compact=False)))
+        if cols > 2048:  # the long-row path on a short row
+            variants.append(("sampled", dict(splits=-(-cols // 2048), step=2048,
+                                             filter_warps=4, sample_block=2048,
+                                             capacity=4 * base.sort_block, select_block=4096)))
+    else:
+        variants = [("radix8", dict(radix_bits=8)),
+                    ("select-warps4", dict(select_warps=4)),
+                    ("select-warps16", dict(select_warps=16)),
+                    ("select-block2048", dict(select_block=2048)),
+                    ("step2048", dict(step=2048, filter_warps=4, splits=-(-cols // 2048))),
+                    ("step2048-2a", dict(step=2048, filter_warps=4, splits=-(-cols // 4096))),
+                    ("step4096-4a", dict(splits=-(-cols // 16384))),
+                    ("sample2048", dict(sample_block=2048)),
+                    ("no-compact", dict(compact=False))]
+    if quick:
+        variants = variants[:2]
+    for label, change in variants:
+        out[label] = base._replace(**change)
+    return out
+
+
+def launch(logits, lengths, out, settings, buffers=None):
+    """One launch of the Triton path with these settings (checked here, each time)."""
+    arguments = topk.top_k_indices_into.op.bind(logits, lengths, out, backend="triton")
+    plan = topk.check_topk(arguments)
+    with topk.topk_settings.override(settings):
+        topk.launch_topk(plan, arguments, buffers)
+
+
+def call(logits, k, lengths, out, settings):
+    arguments = topk.top_k_indices_into.op.bind(logits, lengths, out, backend="triton")
+    plan = topk.check_topk(arguments)
+
+    def run():
+        with topk.topk_settings.override(settings):
+            topk.launch_topk(plan, arguments)
+
+    return run
+
+
+# ----------------------------------------------------------------------------- checks
+def check_shape(rows, cols, k, settings_by_label, g, log) -> list[str]:
+    failures = []
+    for kind in ("normal", "ties", "nan-inf", "ragged"):
+        logits = make_logits("normal" if kind == "ragged" else kind, rows, cols, g)
+        lengths = ragged_lengths(rows, cols, g) if kind == "ragged" else None
+        want = reference.top_k_indices(logits, k, lengths)
+        # Every setting on one input (each is a compile); the default on every input.
+        labels = settings_by_label if kind == "normal" else ["default"]
+        for label in labels:
+            s = settings_by_label[label]
+            out = torch.full((rows, k), -7, dtype=torch.int32, device=DEVICE)
+            buffers = {}
+            launch(logits, lengths, out, s, buffers)
+            same = torch.equal(out, want)
+            note = ""
+            if "cand_count" in buffers:
+                n = lengths.clamp(0, cols) if lengths is not None else torch.full_like(
+                    buffers["cand_count"], cols)
+                counts = buffers["cand_count"]
+                fallback = (counts > s.capacity) | (counts < n.clamp(max=k))
+                note = (f" candidates/k median {float(counts.float().median()) / k:.2f}, "
+                        f"row fallbacks {int(fallback.sum())}/{rows}")
+            if not same:
+                bad = (out != want).any(1).nonzero().flatten().tolist()
+                failures.append(f"{rows}x{cols} {kind} {label}: rows {bad[:8]} differ")
+            log(f"check {rows}x{cols} k={k} {kind:8} {label:18} "
+                f"{'identical' if same else 'DIFFERENT'}{note}")
+    return failures
+
+
+def profile_kernels(rows, cols, k, settings, logits_list, out) -> dict[str, float]:
+    """Mean GPU time per call of each kernel (eager calls under the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fns = [call(x, k, None, out, settings) for x in logits_list]
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    calls = 3 * len(fns)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fns[i % len(fns)]()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        if "topk_" in event.key and "kernel" in event.key:
+            device_us = getattr(event, "device_time_total", None)
+            if device_us is None:
+                device_us = event.cuda_time_total
+            times[event.key] = device_us / calls
+    return times
+
+
+# ----------------------------------------------------------------------------- main
+def smoke() -> int:
+    """The checks of step 1 at tiny sizes: the script's own test."""
+    global DEVICE
+    from indexer_kcache.kernels import INTERPRETED
+
+    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    failures = []
+    for rows, cols in SMOKE_SHAPES:
+        labels = candidate_settings(rows, cols, 64, False, interpreted=INTERPRETED)
+        failures += check_shape(rows, cols, 64, labels, g, print)
+    print("all identical" if not failures else failures)
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--k", type=int, default=2048)
+    parser.add_argument("--quick", action="store_true", help="two variants per shape")
+    parser.add_argument("--smoke", action="store_true",
+                        help="checks only, tiny shapes, k=64, on the CPU without a GPU "
+                        "(set TRITON_INTERPRET=1)")
+    args = parser.parse_args(argv)
+    k = args.k
+    if args.smoke:
+        return smoke()
+    out_dir = os.environ.get("OUT")
+    lines = []
+
+    def log(line=""):
+        print(line, flush=True)
+        lines.append(line)
+
+    t_start = time.time()
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    log(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
+        f"triton {triton.__version__}")
+    copy = copy_bandwidth_GBps()
+    log(f"copy bandwidth {copy:.0f} GB/s (read + write)")
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    records, failures, summary = [], [], []
+    for rows, cols in SHAPES:
+        quick = args.quick or time.time() - t_start > TIME_BUDGET_S
+        settings_by_label = candidate_settings(rows, cols, k, quick)
+        for label, s in settings_by_label.items():
+            log(f"settings {rows}x{cols} {label}: {s}")
+        failures += check_shape(rows, cols, k, settings_by_label, g, log)
+
+        nbytes = rows * cols * 4
+        count = max(4, min(256, -(-ROTATION_BYTES // nbytes)))
+        logits_list = [torch.randn(rows, cols, device=DEVICE, generator=g) for _ in range(count)]
+        out = torch.empty((rows, k), dtype=torch.int32, device=DEVICE)
+        calls = max(count, 32)
+        torch_us = graph_time_us(
+            [lambda x=x: torch.topk(x, k, dim=1, sorted=True) for x in logits_list], calls)
+        records.append(dict(op="topk", impl="torch-topk", rows=rows, cols=cols, k=k,
+                            gpu_us=torch_us, bytes=nbytes))
+        log(f"time {rows}x{cols} torch.topk(sorted=True) {torch_us:8.2f} us")
+        timed = {}
+        for label, s in settings_by_label.items():
+            us = graph_time_us([call(x, k, None, out, s) for x in logits_list], calls)
+            timed[label] = us
+            records.append(dict(op="topk", impl="indexer_kcache", rows=rows, cols=cols, k=k,
+                                gpu_us=us, bytes=nbytes, settings_label=label,
+                                settings=s._asdict()))
+            gbps = nbytes / us / 1e3
+            log(f"time {rows}x{cols} {label:18} {us:8.2f} us  x{torch_us / us:5.2f} vs torch  "
+                f"{gbps:6.0f} GB/s  {100 * gbps / copy:5.1f}% copy")
+        try:
+            per_kernel = profile_kernels(rows, cols, k, settings_by_label["default"],
+                                         logits_list[:8], out)
+            log(f"kernels {rows}x{cols} default (eager, profiler): " + ", ".join(
+                f"{name} {us:.2f} us" for name, us in per_kernel.items()))
+        except Exception as error:  # the profile is a detail; keep the run's results
+            log(f"kernels {rows}x{cols}: no profile ({type(error).__name__}: {error})")
+        best = min(timed, key=timed.get)
+        summary.append((rows, cols, torch_us, timed["default"], best, timed[best], nbytes))
+        del logits_list
+        torch.cuda.empty_cache()
+        log(f"elapsed {time.time() - t_start:.0f} s")
+
+    table = [f"top-k k={k} on {props.name}: copy {copy:.0f} GB/s; logits from device memory",
+             f"{'shape':>12} {'torch us':>9} {'default us':>10} {'x torch':>7} {'% copy':>6}  "
+             f"{'best setting':18} {'us':>7} {'x torch':>7} {'% copy':>6}"]
+    for rows, cols, torch_us, default_us, best, best_us, nbytes in summary:
+        pct = lambda us, nbytes=nbytes: 100 * nbytes / us / 1e3 / copy
+        table.append(f"{f'{rows}x{cols}':>12} {torch_us:9.2f} {default_us:10.2f} "
+                     f"{torch_us / default_us:7.2f} {pct(default_us):6.1f}  {best:18} "
+                     f"{best_us:7.2f} {torch_us / best_us:7.2f} {pct(best_us):6.1f}")
+    table.append("all results identical to the reference" if not failures
+                 else "MISMATCHES: " + "; ".join(failures))
+    log()
+    for line in table:
+        log(line)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "topk_gpu.json"), "w") as f:
+            json.dump(dict(gpu=props.name, torch=torch.__version__, triton=triton.__version__,
+                           copy_GBps=copy, records=records, mismatches=failures), f, indent=1)
+        with open(os.path.join(out_dir, "topk_gpu.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Top-k selection: exact radix selection on order-preserving keys, then a sort of the k.
+
+Every eligible element ``(value, column)`` of a row is ranked by a pair of 32-bit words,
+compared as one unsigned 64-bit number (high word first):
+
+* ``key``: the value's float32 bits mapped so that unsigned order is the ranking order
+  (-0.0 made +0.0 first; NaN below every number);
+* ``low = ~column``: among equal keys the lower column ranks higher.
+
+Pairs are distinct, so a row's top k are its k largest pairs. ``topk_select_kernel``
+finds the k-th largest pair by radix selection, ``RADIX_BITS`` bits a pass (key bits
+first, then column bits while ties remain; a pass that takes its whole bucket ends the
+search), compacts the pairs at or above it (the survivors) through a per-row scratch
+vector and sorts them descending with ``tl.sort``.
+
+Short rows are read by ``topk_select_kernel`` directly. Long rows first go through
+``topk_sample_kernel``, which picks a key threshold from a fixed sample of the row (a
+little below the sample's share of the k), and ``topk_filter_kernel``, which appends every
+pair whose key reaches the threshold to the row's candidate buffer; the select kernel then
+reads the candidates. The threshold only decides the amount of work, never the result:
+when the candidates are fewer than the k, or overflow their buffer, the select kernel
+reads the whole row instead.
+
+Every kernel reads only eligible columns (``column < min(lengths[row], cols)``) and writes
+only inside its buffers, whatever the lengths say.
+"""
+
+import triton
+import triton.language as tl
+
+SIGN_BIT = tl.constexpr(0x80000000)
+ABS_MASK = tl.constexpr(0x7FFFFFFF)
+INF_BITS = tl.constexpr(0x7F800000)  # the magnitude of +-inf; larger magnitudes are NaN
+WORD_MASK = tl.constexpr(0xFFFFFFFF)
+# tl.histogram spreads its bins over a warp's lanes: fewer than 32 bins cost as much as 32.
+MIN_BINS = tl.constexpr(32)
+
+
+@triton.constexpr_function
+def _radix_bins(radix_bits):
+    """Histogram bins for a digit of ``radix_bits`` bits."""
+    return max(1 << radix_bits, MIN_BINS)
+
+
+@triton.jit
+def _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS: tl.constexpr):
+    """Eligible columns of ``row``: ``min(max(lengths[row], 0), cols)``, or ``cols``."""
+    if HAS_LENGTHS:
+        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), cols)
+    else:
+        n = cols + tl.zeros([], tl.int32)
+    return n
+
+
+@triton.jit
+def _keys_of_bits(bits):
+    """uint32 float32 bits -> uint32 keys whose unsigned order ranks the values.
+
+    Negative numbers get their bits flipped (larger magnitude, smaller key), non-negative
+    ones the sign bit set; +-0.0 both map to +0.0's key and NaN to 0, below -inf's key
+    (0x007FFFFF). Integer operations only: no float compare, so no flushing of denormals.
+    """
+    magnitude = bits & ABS_MASK
+    key = tl.where(bits >= SIGN_BIT, ~bits, bits | SIGN_BIT)
+    key = tl.where(magnitude == 0, tl.full(bits.shape, SIGN_BIT, tl.uint32), key)
+    return tl.where(magnitude > INF_BITS, tl.zeros_like(key), key)
+
+
+@triton.jit
+def _load_keys(ptr, offsets, live, IS_BF16: tl.constexpr):
+    """Keys of ``ptr[offsets]`` where ``live`` (bf16 widens exactly: its bits are the top
+    half of the float32's)."""
+    raw = tl.load(ptr + offsets, mask=live, other=0)
+    if IS_BF16:
+        bits = raw.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+    else:
+        bits = raw.to(tl.uint32, bitcast=True)
+    return _keys_of_bits(bits)
+
+
+@triton.jit
+def _pair(key, low):
+    """The pair as one unsigned 64-bit number (key high, ~column low)."""
+    return (key.to(tl.uint64) << 32) | low.to(tl.uint64)
+
+
+@triton.jit
+def _digit_counts(key, low, valid, decided_key, partial, shift, LOW_WORD: tl.constexpr,
+                  RADIX_BITS: tl.constexpr):
+    """Histogram of the digit at ``shift`` of the current word (the key, or ``low`` once
+    the key is ``decided_key``) over the valid elements whose bits above the digit equal
+    ``partial``."""
+    if LOW_WORD:
+        word = low
+        group = valid & (key == decided_key)
+    else:
+        word = key
+        group = valid
+    shifted = word >> shift
+    # Two shifts: for the first digit the bits above it are a shift by 32 (undefined).
+    group = group & (((shifted >> (RADIX_BITS - 1)) >> 1) == partial)
+    digit = (shifted & ((1 << RADIX_BITS) - 1)).to(tl.int32)
+    return tl.histogram(digit, _radix_bins(RADIX_BITS), mask=group)
+
+
+@triton.jit
+def _choose_digit(counts, need):
+    """The digit of the need-th largest element of the group, given the group's digit
+    counts: (digit, count above it, count of it)."""
+    bins = tl.arange(0, counts.numel)
+    at_or_above = tl.cumsum(counts, 0, reverse=True)
+    digit = tl.sum((at_or_above >= need).to(tl.int32), 0) - 1
+    above = tl.sum(tl.where(bins > digit, counts, 0), 0)
+    inside = tl.sum(tl.where(bins == digit, counts, 0), 0)
+    return digit, above, inside
+
+
+@triton.jit
+def _source_block(start, row_ptr, cand_row_ptr, source_len, use_candidates,
+                  IS_BF16: tl.constexpr, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements ``start .. start + BLOCK`` of the select kernel's source: (key, low, valid).
+    The source is the row's candidate buffer when ``use_candidates``, else the row."""
+    offsets = tl.arange(0, BLOCK)
+    valid = offsets < source_len - start
+    if FROM_CANDIDATES:
+        if use_candidates:
+            pair = tl.load(cand_row_ptr + start + offsets, mask=valid, other=0).to(
+                tl.uint64, bitcast=True)
+            key = (pair >> 32).to(tl.uint32)
+            low = (pair & WORD_MASK).to(tl.uint32)
+        else:
+            key = _load_keys(row_ptr + start, offsets, valid, IS_BF16)
+            low = ~(start + offsets).to(tl.uint32)
+    else:
+        key = _load_keys(row_ptr + start, offsets, valid, IS_BF16)
+        low = ~(start + offsets).to(tl.uint32)
+    return key, low, valid
+
+
+@triton.jit
+def _source_counts(row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0, valid0,
+                   decided_key, partial, shift, LOW_WORD: tl.constexpr, RADIX_BITS: tl.constexpr,
+                   IS_BF16: tl.constexpr, FROM_CANDIDATES: tl.constexpr,
+                   SINGLE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """``_digit_counts`` over the whole source (``key0, low0, valid0`` when
+    ``SINGLE_BLOCK``, else read block by block)."""
+    if SINGLE_BLOCK:
+        counts = _digit_counts(key0, low0, valid0, decided_key, partial, shift, LOW_WORD,
+                               RADIX_BITS)
+    else:
+        counts = tl.zeros([_radix_bins(RADIX_BITS)], tl.int32)
+        for start in range(0, source_len, BLOCK):
+            key, low, valid = _source_block(start, row_ptr, cand_row_ptr, source_len,
+                                            use_candidates, IS_BF16, FROM_CANDIDATES, BLOCK)
+            counts += _digit_counts(key, low, valid, decided_key, partial, shift, LOW_WORD,
+                                    RADIX_BITS)
+    return counts
+
+
+@triton.jit
+def _in_range(key, low, lo_key, lo_low, hi_key, hi_low):
+    """``(lo_key, lo_low) <= (key, low) <= (hi_key, hi_low)``, pairs compared high word
+    first."""
+    above_lo = (key > lo_key) | ((key == lo_key) & (low >= lo_low))
+    below_hi = (key < hi_key) | ((key == hi_key) & (low <= hi_low))
+    return above_lo & below_hi
+
+
+@triton.jit
+def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, row_ptr,
+                 cand_row_ptr, source_len, use_candidates, key0, low0, valid0,
+                 IS_BF16: tl.constexpr, FROM_CANDIDATES: tl.constexpr,
+                 SINGLE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes the source's pairs in ``[lo, hi]`` to ``dst[0 ..]`` in source order (the
+    first ``limit`` of them)."""
+    if SINGLE_BLOCK:
+        take = valid0 & _in_range(key0, low0, lo_key, lo_low, hi_key, hi_low)
+        position = tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(dst_ptr + position, _pair(key0, low0).to(tl.int64, bitcast=True),
+                 mask=take & (position < limit))
+    else:
+        written = 0
+        for start in range(0, source_len, BLOCK):
+            key, low, valid = _source_block(start, row_ptr, cand_row_ptr, source_len,
+                                            use_candidates, IS_BF16, FROM_CANDIDATES, BLOCK)
+            take = valid & _in_range(key, low, lo_key, lo_low, hi_key, hi_low)
+            position = written + tl.cumsum(take.to(tl.int32), 0) - 1
+            tl.store(dst_ptr + position, _pair(key, low).to(tl.int64, bitcast=True),
+                     mask=take & (position < limit))
+            written += tl.sum(take.to(tl.int32), 0)
+
+
+@triton.jit(do_not_specialize=["cols", "k", "sample_stride"])
+def topk_sample_kernel(
+    logits_ptr, row_stride, cols, lengths_ptr, k,
+    sample_stride, threshold_ptr, cand_count_ptr,
+    IS_BF16: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SAMPLE_BLOCK: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    PASSES: tl.constexpr,
+):
+    """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
+    holding the uint32 key), and ``cand_count[row] = 0``.
+
+    The sample is ``SAMPLE_BLOCK`` columns, chunks of ``CHUNK`` consecutive columns every
+    ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
+    ``want * m / n`` are expected among the row's top ``want = min(k, n)``; the threshold is
+    the key of the sample's ``r``-th largest element, ``r`` a margin above that, rounded
+    down to its top ``PASSES * RADIX_BITS`` bits, so that the row's elements at or above
+    it are usually a little more than ``want``. 0 (every element) when the sample is
+    too small for ``r``.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
+    want = tl.minimum(n, k)
+    i = tl.arange(0, SAMPLE_BLOCK)
+    column = (i // CHUNK).to(tl.int64) * sample_stride + i % CHUNK  # past 2**31 for wide rows
+    valid = column < n
+    key = _load_keys(logits_ptr + row * row_stride, column, valid, IS_BF16)
+    m = tl.sum(valid.to(tl.int32), 0)
+    # Expected sample hits, rounded up, plus about four standard deviations and a constant.
+    expected = (want.to(tl.int64) * m + n - 1) // tl.maximum(n, 1)
+    rank = (expected + expected // 4 + 32).to(tl.int32)
+    threshold = tl.zeros([], tl.uint32)
+    if (want > 0) & (rank <= m):
+        need = rank
+        partial = tl.zeros([], tl.uint32)
+        searching = rank > 0
+        for d in range(0, PASSES):
+            if searching:
+                shift = tl.cast(32 - RADIX_BITS * (d + 1), tl.uint32)
+                counts = _digit_counts(key, key, valid, partial, partial, shift, False,
+                                       RADIX_BITS)
+                digit, above, inside = _choose_digit(counts, need)
+                need -= above
+                partial = (partial << RADIX_BITS) | digit.to(tl.uint32)
+                threshold = partial << shift
+                searching = inside != need
+    tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
+    tl.store(cand_count_ptr + row, 0)
+
+
+@triton.jit(do_not_specialize=["cols", "capacity"])
+def topk_filter_kernel(
+    logits_ptr, row_stride, cols, lengths_ptr,
+    split_cols, threshold_ptr, cand_ptr, cand_count_ptr, capacity,
+    IS_BF16: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program (row, split): appends the pairs of columns ``[split * split_cols,
+    (split + 1) * split_cols)`` whose key is at least ``threshold[row]`` to ``cand[row]``
+    (int64 ``[rows, capacity]``), reserving room with an atomic add on ``cand_count[row]``
+    (which ends as the row's candidate count, even past ``capacity``: only what fits is
+    written). The order of the candidates varies from run to run; the result does not."""
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
+    threshold = tl.load(threshold_ptr + row).to(tl.uint32, bitcast=True)
+    row_ptr = logits_ptr + row * row_stride
+    cand_row_ptr = cand_ptr + row * capacity
+    start = split.to(tl.int64) * split_cols
+    end = tl.minimum(start + split_cols, n)
+    offsets = tl.arange(0, BLOCK)
+    for block in range(start, end, BLOCK):
+        live = offsets < (end - block).to(tl.int32)
+        key = _load_keys(row_ptr + block, offsets, live, IS_BF16)
+        take = live & (key >= threshold)
+        taken = tl.sum(take.to(tl.int32), 0)
+        if taken > 0:
+            base = tl.atomic_add(cand_count_ptr + row, taken, sem="relaxed")
+            position = base + tl.cumsum(take.to(tl.int32), 0) - 1
+            pair = _pair(key, ~(block + offsets).to(tl.uint32))
+            tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True),
+                     mask=take & (position < capacity))
+
+
+@triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
+def topk_select_kernel(
+    logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
+    cand_ptr, cand_count_ptr, capacity,
+    scratch_ptr, out_ptr, out_row_stride,
+    IS_BF16: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,
+    FROM_CANDIDATES: tl.constexpr,
+    SINGLE_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SORT_BLOCK: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    COMPACT: tl.constexpr,
+):
+    """Program (row): ``out[row, :k]`` = the columns of the row's ``want = min(k,
+    eligible)`` largest pairs, in descending order, then -1.
+
+    The source is ``cand[row, :cand_count[row]]`` when ``FROM_CANDIDATES`` and the count
+    lies in ``[want, capacity]``, else the row's eligible columns (``SINGLE_BLOCK``: all
+    of them in one block, kept in registers through the passes). ``scratch`` (int64
+    ``[rows, SORT_BLOCK]``) receives the survivors before the sort; ``SORT_BLOCK`` is a
+    power of two ``>= min(k, cols)``. ``low_skip``: leading digits of ``~column`` that are
+    all ones for every column (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most
+    ``32 // RADIX_BITS - 1``: the tie passes start below them.
+    """
+    tl.static_assert(not (SINGLE_BLOCK and FROM_CANDIDATES),
+                     "SINGLE_BLOCK reads the row directly: no candidate buffer")
+    tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
+    DIGITS: tl.constexpr = 32 // RADIX_BITS
+    row = tl.program_id(0).to(tl.int64)
+    n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
+    want = tl.minimum(n, k)
+    row_ptr = logits_ptr + row * row_stride
+    cand_row_ptr = cand_ptr + row * capacity
+    scratch_row_ptr = scratch_ptr + row * SORT_BLOCK
+    if FROM_CANDIDATES:
+        cand_count = tl.load(cand_count_ptr + row)
+        use_candidates = (cand_count >= want) & (cand_count <= capacity)
+        source_len = tl.where(use_candidates, cand_count, n)
+    else:
+        use_candidates = n < 0  # False
+        source_len = n
+    slots = tl.arange(0, SORT_BLOCK)
+    result = tl.full([SORT_BLOCK], -1, tl.int32)
+
+    if want > 0:
+        if SINGLE_BLOCK:
+            key0, low0, valid0 = _source_block(0, row_ptr, cand_row_ptr, source_len,
+                                               use_candidates, IS_BF16, False, BLOCK)
+        else:  # not read
+            key0, low0, valid0 = want.to(tl.uint32), want.to(tl.uint32), want < 0
+        # Radix selection of the want-th largest pair, key digits first. Invariant:
+        # 1 <= need <= the size of the group (the pairs whose decided digits equal the
+        # prefix); every pair above the group is a survivor.
+        need = want
+        decided_key = tl.zeros([], tl.uint32)  # the key's digits decided so far
+        threshold_key = tl.zeros([], tl.uint32)
+        threshold_low = tl.zeros([], tl.uint32)
+        searching = want > 0
+        # COMPACT: once the group fits SORT_BLOCK, it is copied to the scratch row and the
+        # remaining passes read that copy (in registers) instead of the whole source.
+        compacted = want < 0
+        group_key = tl.zeros([SORT_BLOCK], tl.uint32)
+        group_low = tl.zeros([SORT_BLOCK], tl.uint32)
+        group_valid = slots < 0
+        for word in tl.static_range(2):
+            if word == 0:
+                first = 0
+                partial = tl.zeros([], tl.uint32)
+            else:
+                first = low_skip
+                partial = tl.cast((1 << (RADIX_BITS * low_skip)) - 1, tl.uint32)
+            for d in range(first, DIGITS):
+                if searching:
+                    shift = tl.cast(32 - RADIX_BITS * (d + 1), tl.uint32)
+                    if compacted:
+                        counts = _digit_counts(group_key, group_low, group_valid, decided_key,
+                                               partial, shift, word == 1, RADIX_BITS)
+                    else:
+                        counts = _source_counts(
+                            row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0,
+                            valid0, decided_key, partial, shift, word == 1, RADIX_BITS, IS_BF16,
+                            FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
+                    digit, above, inside = _choose_digit(counts, need)
+                    need -= above
+                    partial = (partial << RADIX_BITS) | digit.to(tl.uint32)
+                    # When need equals the digit's count the whole bucket is taken: the
+                    # threshold is the prefix followed by zero bits.
+                    searching = inside != need
+                    below = (tl.full([], 1, tl.uint32) << shift) - 1  # the undecided bits
+                    if word == 0:
+                        decided_key = partial
+                        threshold_key = partial << shift
+                        # The group: keys with these top bits, any column.
+                        lo_key, lo_low = threshold_key, tl.zeros([], tl.uint32)
+                        hi_key, hi_low = threshold_key | below, tl.full([], WORD_MASK, tl.uint32)
+                    else:
+                        threshold_low = partial << shift
+                        # The group: this key, columns with these top bits of ~column.
+                        lo_key, lo_low = decided_key, threshold_low
+                        hi_key, hi_low = decided_key, threshold_low | below
+                    if COMPACT:
+                        if searching & (~compacted) & (inside <= SORT_BLOCK):
+                            _write_range(scratch_row_ptr, SORT_BLOCK, lo_key, lo_low, hi_key,
+                                         hi_low, row_ptr, cand_row_ptr, source_len,
+                                         use_candidates, key0, low0, valid0, IS_BF16,
+                                         FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
+                            tl.debug_barrier()
+                            pair = tl.load(scratch_row_ptr + slots, mask=slots < inside, other=0,
+                                           cache_modifier=".cg").to(tl.uint64, bitcast=True)
+                            group_key = (pair >> 32).to(tl.uint32)
+                            group_low = (pair & WORD_MASK).to(tl.uint32)
+                            group_valid = slots < inside
+                            compacted = inside >= 0  # True
+
+        # The survivors (exactly want of them: the pairs at or above the threshold) into
+        # the scratch row, once every thread is done with the group's copy there.
+        tl.debug_barrier()
+        _write_range(scratch_row_ptr, SORT_BLOCK, threshold_key, threshold_low, WORD_MASK,
+                     WORD_MASK, row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0,
+                     valid0, IS_BF16, FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
+        # The program's own stores, read back by other threads of the program.
+        tl.debug_barrier()
+        top = tl.load(scratch_row_ptr + slots, mask=slots < want, other=0,
+                      cache_modifier=".cg").to(tl.uint64, bitcast=True)
+        top = tl.sort(top, descending=True)
+        column = (~(top & WORD_MASK).to(tl.uint32)).to(tl.int32)
+        result = tl.where(slots < want, column, result)
+
+    out_row_ptr = out_ptr + row * out_row_stride
+    tl.store(out_row_ptr + slots, result, mask=slots < k)
+    for start in range(SORT_BLOCK, k, SORT_BLOCK):  # k > cols: the rest is -1
+        tl.store(out_row_ptr + start + slots, tl.full([SORT_BLOCK], -1, tl.int32),
+                 mask=slots < k - start)

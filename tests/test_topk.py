@@ -1,0 +1,394 @@
+"""Top-k selection: the Triton kernels equal the reference exactly, and both equal a
+stable sort written here in plain Python, on every kind of row."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+from indexer_kcache import topk
+from indexer_kcache.reference import topk as reference
+
+from .cases import DEVICE
+
+SENTINEL = 0x5A5A5A5A  # out's padding columns must keep it
+SEED = torch.seed() % 2**31  # fresh inputs every run; failures print the seed
+NAN, INF = float("nan"), float("inf")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+# ----------------------------------------------------------------------------- the oracle
+def oracle(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Python's stable ``sorted`` on (is NaN, -value, column) over each row's eligible
+    columns: an independent statement of the ranking rule."""
+    values = logits.float().cpu().tolist()
+    result = []
+    for r, row in enumerate(values):
+        n = len(row) if lengths is None else max(0, min(int(lengths[r]), len(row)))
+
+        def rank(c, row=row):
+            v = row[c]
+            return (1, 0.0, c) if math.isnan(v) else (0, -v, c)  # -(-0.0) == -(+0.0)
+
+        top = sorted(range(n), key=rank)[:k]
+        result.append(top + [-1] * (k - len(top)))
+    return torch.tensor(result, dtype=torch.int32).reshape(len(values), k)
+
+
+# ----------------------------------------------------------------------------- inputs
+def random_values(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    """float32 [rows, cols] of one distribution (CPU)."""
+    if kind == "normal":
+        return torch.randn(rows, cols, generator=g)
+    if kind == "few-distinct":  # long runs of ties
+        return torch.randint(-2, 2, (rows, cols), generator=g).float() * 0.75
+    if kind == "all-equal":
+        return torch.full((rows, cols), float(torch.randn(1, generator=g)))
+    if kind == "magnitudes":  # from denormals to near the float32 maximum, both signs
+        exponent = torch.randint(-149, 127, (rows, cols), generator=g).double()
+        sign = torch.randint(0, 2, (rows, cols), generator=g).double() * 2 - 1
+        mantissa = 1 + torch.rand(rows, cols, generator=g, dtype=torch.float64)
+        return (sign * mantissa * torch.exp2(exponent)).float()
+    if kind == "specials":  # numbers with +-inf, NaN, -0.0 and +0.0 sprinkled in
+        x = torch.randn(rows, cols, generator=g)
+        which = torch.randint(0, 10, (rows, cols), generator=g)
+        for code, value in ((0, INF), (1, -INF), (2, NAN), (3, -0.0), (4, 0.0)):
+            x[which == code] = value
+        return x
+    if kind == "mostly-nan":  # fewer numbers than k: NaNs in column order fill the rest
+        x = torch.full((rows, cols), NAN)
+        few = torch.rand(rows, cols, generator=g) < 0.02
+        x[few] = torch.randn(int(few.sum()), generator=g)
+        x[:, -1] = -INF
+        return x
+    if kind == "signed-zeros":
+        x = torch.where(torch.rand(rows, cols, generator=g) < 0.5, -0.0, 0.0)
+        x[:, ::7] = -1.0
+        return x
+    raise ValueError(kind)
+
+
+KINDS = ["normal", "few-distinct", "all-equal", "magnitudes", "specials", "mostly-nan",
+         "signed-zeros"]
+
+
+def generator(salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed(SEED + salt)
+
+
+def make_logits(kind, rows, cols, dtype, row_stride=None, seed=0) -> torch.Tensor:
+    """Logits on the test device; a view with a wider row stride when ``row_stride``."""
+    g = generator(seed)
+    values = random_values(kind, rows, cols, g).to(dtype)
+    if row_stride is None:
+        return values.to(DEVICE)
+    store = torch.randn(rows, row_stride, generator=g).to(dtype)  # never read past cols
+    store[:, :cols] = values
+    return store.to(DEVICE)[:, :cols]
+
+
+def random_lengths(rows, cols, g) -> torch.Tensor:
+    """Lengths from below 0 to past cols, with 0 and cols among them."""
+    lengths = torch.randint(-3, cols + 5, (rows,), generator=g, dtype=torch.int32)
+    lengths[0] = 0
+    if rows > 1:
+        lengths[1] = cols
+    return lengths.to(DEVICE)
+
+
+def run(logits, k, lengths=None, settings=None, buffers=None) -> torch.Tensor:
+    """The Triton path, optionally with explicit settings; ``buffers`` receives the work
+    buffers (which path ran)."""
+    out = torch.empty((logits.shape[0], k), dtype=torch.int32, device=logits.device)
+    call = topk.top_k_indices_into.op.bind(logits, lengths, out, backend="triton")
+    plan = topk.check_topk(call)
+    with topk.topk_settings.override(settings) if settings else contextlib.nullcontext():
+        topk.launch_topk(plan, call, buffers)
+    return out
+
+
+def check(logits, k, lengths=None, settings=None, buffers=None) -> None:
+    want = oracle(logits, k, lengths)
+    assert torch.equal(reference.top_k_indices(logits, k, lengths).cpu(), want), f"seed {SEED}"
+    got = run(logits, k, lengths, settings, buffers)
+    assert got.dtype == torch.int32 and got.shape == (logits.shape[0], k)
+    assert torch.equal(got.cpu(), want), f"seed {SEED}"
+
+
+def small_split_settings(k, cols, **changes) -> topk.TopKSettings:
+    """The long-row path at interpreter sizes: a small sample and small steps."""
+    sort_block = max(1 << max(min(k, cols) - 1, 0).bit_length(), 32)
+    base = topk.TopKSettings(splits=3, step=256, filter_warps=4, sample_block=256,
+                             capacity=max(8 * sort_block, 256), select_block=512,
+                             select_warps=4, radix_bits=4, sort_block=sort_block)
+    return base._replace(**changes)
+
+
+# ----------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_short_rows_match_the_oracle(kind, dtype):
+    salt = KINDS.index(kind) * 2 + (dtype == "bf16")
+    logits = make_logits(kind, 5, 300, DTYPES[dtype], seed=salt)
+    g = generator(salt)
+    check(logits, 37, random_lengths(5, 300, g))
+
+
+@pytest.mark.parametrize("kind", ["normal", "few-distinct", "specials"])
+def test_without_lengths(kind):
+    check(make_logits(kind, 3, 517, torch.float32, seed=3), 64)
+
+
+@pytest.mark.parametrize("k", [1, 5, 64, 200, 300])
+def test_k_up_to_and_past_cols(k):
+    check(make_logits("few-distinct", 4, 200, torch.float32, seed=k), k)
+
+
+def test_k_much_larger_than_cols():
+    g = generator(1)
+    check(make_logits("normal", 3, 20, torch.float32, seed=2), 100, random_lengths(3, 20, g))
+
+
+def test_lengths_zero_and_negative_give_minus_one():
+    logits = make_logits("normal", 3, 100, torch.float32)
+    lengths = torch.tensor([0, -5, 1], dtype=torch.int32, device=DEVICE)
+    got = run(logits, 4, lengths).cpu()
+    assert got[:2].eq(-1).all() and got[2].tolist() == [0, -1, -1, -1]
+    check(logits, 4, lengths)
+
+
+def test_one_column():
+    check(make_logits("normal", 3, 1, torch.float32), 3)
+
+
+def test_ragged_lengths_from_context():
+    context_lens = torch.tensor([1, 40, 300, 299], dtype=torch.int32, device=DEVICE)
+    lengths = topk.lengths_from_context(context_lens, 2, 300)
+    assert lengths.tolist() == [0, 1, 39, 40, 299, 300, 298, 299]
+    check(make_logits("normal", 8, 300, torch.bfloat16, seed=7), 50, lengths)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_stride_and_out(dtype):
+    """A strided view of wider rows, written into a strided out whose padding stays."""
+    logits = make_logits("specials", 4, 250, DTYPES[dtype], row_stride=301, seed=5)
+    k = 40
+    store = torch.full((4, k + 9), SENTINEL, dtype=torch.int32, device=DEVICE)
+    out = store[:, :k]
+    result = topk.top_k_indices(logits, k, out=out, backend="triton")
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.equal(out.cpu(), oracle(logits, k))
+    assert store[:, k:].eq(SENTINEL).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_out_with_reference_and_triton(backend):
+    logits = make_logits("normal", 2, 100, torch.float32)
+    out = torch.full((2, 8), SENTINEL, dtype=torch.int32, device=DEVICE)
+    assert topk.top_k_indices(logits, 8, out=out, backend=backend) is out
+    assert torch.equal(out.cpu(), oracle(logits, 8))
+
+
+def test_chunked_direct_rows():
+    """The select kernel stepping through a row wider than its block."""
+    g = generator(4)
+    logits = make_logits("few-distinct", 3, 1500, torch.float32, seed=4)
+    settings = topk.TopKSettings(0, 0, 0, 0, 0, select_block=512, select_warps=4, radix_bits=4,
+                                 sort_block=128)
+    check(logits, 100, random_lengths(3, 1500, g), settings)
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "no-compact"])
+@pytest.mark.parametrize("radix_bits", [4, 8])
+@pytest.mark.parametrize("kind", ["normal", "few-distinct", "signed-zeros"])
+def test_radix_digit_widths(kind, radix_bits, compact):
+    """Both digit widths; with and without the passes on the group's copy."""
+    logits = make_logits(kind, 2, 900, torch.float32, seed=radix_bits)
+    settings = topk.topk_settings(2, 900, 50)._replace(radix_bits=radix_bits, compact=compact)
+    check(logits, 50, None, settings)
+
+
+# ----------------------------------------------------------------------------- long rows
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["normal", "magnitudes", "specials"])
+def test_long_rows_through_candidates(kind, dtype):
+    g = generator(6)
+    cols, k = 3000, 100
+    logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=6)
+    lengths = torch.tensor([cols, 2000, 2999], dtype=torch.int32, device=DEVICE)
+    buffers = {}
+    settings = small_split_settings(k, cols)
+    check(logits, k, lengths, settings, buffers)
+    counts = buffers["cand_count"].cpu()
+    assert ((counts >= k) & (counts <= settings.capacity)).all(), counts  # no fallback
+    check(logits, k, random_lengths(3, cols, g), settings)
+
+
+def test_long_rows_overflowing_the_candidates():
+    """Rows of equal values: every column reaches the threshold; the select kernel reads
+    the row itself."""
+    cols, k = 3000, 100
+    logits = make_logits("all-equal", 2, cols, torch.float32)
+    buffers = {}
+    settings = small_split_settings(k, cols)
+    check(logits, k, None, settings, buffers)
+    assert (buffers["cand_count"].cpu() > settings.capacity).all()
+
+
+def test_long_rows_whose_sample_misleads():
+    """The sample sees only large values, the row has few: fewer candidates than k, so
+    the select kernel reads the row itself."""
+    cols, k = 3000, 300
+    settings = small_split_settings(k, cols, sample_block=64)
+    logits = make_logits("normal", 2, cols, torch.float32)
+    stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
+    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
+    column = torch.arange(cols, device=DEVICE)
+    logits[:, column % stride < topk.SAMPLE_CHUNK] += 100  # exactly the sampled columns
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    assert (buffers["cand_count"].cpu() < k).all()
+
+
+def test_k_2048_short_rows():
+    g = generator(8)
+    logits = make_logits("few-distinct", 2, 2600, torch.bfloat16, seed=8)
+    check(logits, 2048, random_lengths(2, 2600, g))
+
+
+def test_k_2048_long_rows():
+    cols = 6000
+    logits = make_logits("normal", 1, cols, torch.float32, seed=9)
+    settings = small_split_settings(2048, cols, sample_block=1024, step=1024,
+                                    select_block=4096)
+    buffers = {}
+    check(logits, 2048, None, settings, buffers)
+    assert 2048 <= int(buffers["cand_count"][0]) <= settings.capacity
+
+
+def test_default_settings_long_rows():
+    """topk_settings' own choice for a row past the direct width."""
+    cols = 4100
+    logits = make_logits("normal", 1, cols, torch.float32, seed=10)
+    assert topk.topk_settings(1, cols, 16).splits > 0 or DEVICE != "cpu"
+    check(logits, 16)
+
+
+def test_repeated_calls_agree():
+    logits = make_logits("few-distinct", 3, 3000, torch.float32, seed=11)
+    settings = small_split_settings(64, 3000)
+    first = run(logits, 64, None, settings)
+    assert torch.equal(run(logits, 64, None, settings), first)
+
+
+def test_default_backend_and_empty_rows():
+    logits = make_logits("normal", 0, 50, torch.float32)
+    assert topk.top_k_indices(logits, 3).shape == (0, 3)
+    empty_cols = torch.empty((2, 0), device=DEVICE)
+    assert topk.top_k_indices(empty_cols, 3).eq(-1).all()
+
+
+# ----------------------------------------------------------------------------- helpers
+def test_lengths_from_context_shapes():
+    one_d = torch.tensor([5, 100], dtype=torch.int64)
+    assert topk.lengths_from_context(one_d, 1, 50).tolist() == [5, 50]
+    assert topk.lengths_from_context(one_d, 3, 200).tolist() == [3, 4, 5, 98, 99, 100]
+    two_d = torch.tensor([[3, 9], [-1, 70]], dtype=torch.int32)
+    assert topk.lengths_from_context(two_d, 2, 60).tolist() == [3, 9, 0, 60]
+    assert topk.lengths_from_context(two_d, 2, 60).dtype == torch.int32
+
+
+# ----------------------------------------------------------------------------- errors
+def bad_calls():
+    """(id, exception, words the message must contain, call)."""
+    x = make_logits("normal", 4, 64, torch.float32)
+    lengths = torch.full((4,), 10, dtype=torch.int32, device=DEVICE)
+    out = torch.empty((4, 8), dtype=torch.int32, device=DEVICE)
+    f = topk.top_k_indices
+    return [
+        ("k-zero", ValueError, "k", lambda: f(x, 0)),
+        ("k-negative", ValueError, "k", lambda: f(x, -3)),
+        ("k-float", TypeError, "k", lambda: f(x, 2.0)),
+        ("k-bool", TypeError, "k", lambda: f(x, True)),
+        ("logits-dtype", TypeError, "logits", lambda: f(x.half(), 8)),
+        ("logits-int", TypeError, "logits", lambda: f(x.int(), 8)),
+        ("logits-not-tensor", TypeError, "logits", lambda: f([[1.0]], 1)),
+        ("logits-1d", ValueError, "logits", lambda: f(x[0], 8)),
+        ("logits-stride1", ValueError, "logits.stride(1)", lambda: f(x.t(), 2)),
+        ("lengths-dtype", TypeError, "lengths", lambda: f(x, 8, lengths.long())),
+        ("lengths-size", ValueError, "lengths", lambda: f(x, 8, lengths[:3])),
+        ("lengths-2d", ValueError, "lengths", lambda: f(x, 8, lengths.view(2, 2))),
+        ("lengths-stride", ValueError, "lengths.stride(0)",
+         lambda: f(x, 8, torch.zeros(8, dtype=torch.int32, device=DEVICE)[::2])),
+        ("out-dtype", TypeError, "out", lambda: f(x, 8, out=out.long())),
+        ("out-shape", ValueError, "out", lambda: f(x, 4, out=out)),
+        ("out-stride1", ValueError, "out.stride(1)",
+         lambda: f(x, 4, out=torch.empty((4, 8), dtype=torch.int32, device=DEVICE)[:, ::2])),
+        ("out-overlap", ValueError, "out.stride(0)",
+         lambda: f(x, 8, out=out[:1].expand(4, 8))),
+        ("backend", ValueError, "backend", lambda: f(x, 8, backend="cuda")),
+        ("k-too-large", NotImplementedError, "k",
+         lambda: f(torch.zeros((1, topk.MAX_SORTED + 1), device=DEVICE), topk.MAX_SORTED + 1,
+                   backend="triton")),
+        ("context-dtype", TypeError, "context_lens",
+         lambda: topk.lengths_from_context(lengths.float(), 1, 64)),
+        ("context-shape", ValueError, "context_lens",
+         lambda: topk.lengths_from_context(lengths.view(2, 2), 3, 64)),
+        ("next_n", ValueError, "next_n", lambda: topk.lengths_from_context(lengths, 0, 64)),
+        ("num_cols", TypeError, "num_cols", lambda: topk.lengths_from_context(lengths, 1, 6.0)),
+    ]
+
+
+@pytest.mark.parametrize("name, error, words, call", bad_calls(), ids=[c[0] for c in bad_calls()])
+def test_bad_arguments_name_themselves(name, error, words, call):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+def test_bad_out_is_not_written():
+    x = make_logits("normal", 2, 64, torch.float32)
+    out = torch.full((2, 8), SENTINEL, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="lengths"):
+        topk.top_k_indices(x, 8, torch.zeros(3, dtype=torch.int32, device=DEVICE), out=out)
+    assert out.eq(SENTINEL).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_other_device_is_rejected():
+    x = make_logits("normal", 2, 64, torch.float32)
+    with pytest.raises(ValueError, match="lengths.device"):
+        topk.top_k_indices(x, 8, torch.zeros(2, dtype=torch.int32))
+
+
+# ----------------------------------------------------------------------------- GPU
+ISSUE_SHAPES = [(1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, cols", ISSUE_SHAPES, ids=[f"{r}x{c}" for r, c in ISSUE_SHAPES])
+@pytest.mark.parametrize("kind, dtype", [("normal", "fp32"), ("normal", "bf16"),
+                                         ("few-distinct", "fp32"), ("specials", "fp32")])
+def test_issue_shapes_k_2048(rows, cols, kind, dtype):
+    logits = make_logits(kind, rows, cols, DTYPES[dtype], seed=rows + cols)
+    g = generator(rows)
+    for lengths in (None, random_lengths(rows, cols, g)):
+        want = reference.top_k_indices(logits, 2048, lengths)
+        assert torch.equal(topk.top_k_indices(logits, 2048, lengths), want)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture():
+    logits = make_logits("normal", 64, 65536, torch.float32)
+    lengths = torch.randint(0, 65536, (64,), dtype=torch.int32, device=DEVICE)
+    out = torch.empty((64, 2048), dtype=torch.int32, device=DEVICE)
+    topk.top_k_indices(logits, 2048, lengths, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk.top_k_indices(logits, 2048, lengths, out=out)
+    logits.copy_(torch.randn_like(logits))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, reference.top_k_indices(logits, 2048, lengths))
