@@ -347,7 +347,8 @@ def _packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
     lines, key, args, pointers, common, namespace = [], [], [], [], [], {}
     for name in kernel.names:
         if name in fixed:
-            namespace[f"_{name}"] = fixed[name]
+            value = fixed[name]  # a fixed tensor (never read) stays alive in ``fixed``
+            namespace[f"_{name}"] = value.data_ptr() if isinstance(value, torch.Tensor) else value
             args.append(f"_{name}")
             continue
         value = example[name]

@@ -11,6 +11,7 @@ is ever read outside the cache.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,12 @@ from .launcher import Kernel, KernelLaunch, declare_op
 
 BLOCK_R = 64 if INTERPRETED else 32  # rows per program
 GATHER_KERNEL = Kernel(gather_indexer_k_kernel)
+
+
+@functools.cache
+def _unused(device: torch.device) -> torch.Tensor:
+    """A pointer for the kernel's arguments a mode never reads (kept, so its address holds)."""
+    return torch.empty(16, dtype=torch.uint8, device=device)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -57,8 +64,16 @@ def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: b
         mx_scales = checks.default_mx_scales(k_cache.device)
     mx_scales = mx_scales and not call.use_fp4_cache
     by_blocks = block_table is not None
+    # The arguments this mode never reads are fixed, so that a launch passes fewer.
+    unused = {}
+    if not by_blocks:
+        unused.update(block_table_ptr=_unused(k_cache.device), cu_seq_lens_ptr=_unused(k_cache.device))
+    if dequantize:
+        unused.update(values_ptr=_unused(k_cache.device), scales_ptr=_unused(k_cache.device))
+    else:
+        unused.update(dequant_ptr=_unused(k_cache.device))
     launch = GATHER_KERNEL.launch(
-        k_cache.device, num_warps=4,
+        k_cache.device, num_warps=4, **unused,
         page_stride=k_cache.stride(0), num_slots=num_blocks * block_size,
         block_table_row_stride=block_table.stride(0) if by_blocks else 0,
         block_table_cols=block_table.shape[1] if by_blocks else 0,
@@ -126,10 +141,8 @@ def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     num_rows = slots.shape[0]
     values, scales = _new_rows(k_cache, num_rows, plan.use_fp4_cache)
     if num_rows:
-        plan.launch(
-            (-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots, num_rows=num_rows,
-            block_table_ptr=slots, cu_seq_lens_ptr=slots,  # unused without BY_BLOCKS
-            values_ptr=values, scales_ptr=scales, dequant_ptr=values)  # unused: gather only
+        plan.launch((-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots,
+                    num_rows=num_rows, values_ptr=values, scales_ptr=scales)
     return values, scales
 
 
@@ -144,10 +157,8 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
     num_rows = slots.shape[0]
     keys = torch.empty((num_rows, layout.HEAD_DIM), dtype=torch.float32, device=k_cache.device)
     if num_rows:
-        plan.launch(
-            (-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots, num_rows=num_rows,
-            block_table_ptr=slots, cu_seq_lens_ptr=slots,  # unused without BY_BLOCKS
-            values_ptr=keys, scales_ptr=keys, dequant_ptr=keys)  # unused: dequantize only
+        plan.launch((-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots,
+                    num_rows=num_rows, dequant_ptr=keys)
     return keys
 
 
@@ -173,7 +184,7 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
             (block_table.shape[0], -(-max_len // BLOCK_R)), cache_ptr=k_cache,
             slot_ptr=cu_seq_lens, num_rows=num_rows,  # unused with BY_BLOCKS
             block_table_ptr=block_table, cu_seq_lens_ptr=cu_seq_lens,
-            values_ptr=values, scales_ptr=scales, dequant_ptr=values)  # unused: gather only
+            values_ptr=values, scales_ptr=scales)
     return values, scales
 
 
