@@ -38,3 +38,24 @@ def test_minimal_bytes_count():
     written = int(((inputs["positions"] + 1) % 2 == 0).sum())
     assert bench.minimal_store_bytes(inputs) == 16 * 64 + written * (256 + 256 + 132)
     assert inputs["k_pre"].dtype == torch.bfloat16
+
+
+def test_logits_and_topk_tables_and_plots(tmp_path):
+    """The GPU sections' tables and plots from records of the committed format."""
+    from indexer_kcache.bench import logits, topk
+
+    result = {"gpu": "a GPU", "copy_GBps": 4000.0, "records": [
+        dict(op="logits", impl="indexer_kcache", format="fp8", q_format="e4m3", batch=64,
+             context=8192, next_n=1, heads=64, gpu_us=20.0, bytes=64 * 8192 * 132),
+        dict(op="logits", impl="vllm-like-triton", format="fp8", q_format="e4m3", batch=64,
+             context=8192, next_n=1, heads=64, gpu_us=30.0, bytes=64 * 8192 * 132),
+        dict(op="topk", impl="indexer_kcache", rows=64, cols=8192, k=2048, gpu_us=10.0,
+             bytes=64 * 8192 * 4),
+        dict(op="topk", impl="torch-topk", rows=64, cols=8192, k=2048, gpu_us=70.0,
+             bytes=64 * 8192 * 4),
+    ]}
+    assert "1.50x" in logits.format_table(result)
+    assert "7.00x" in topk.format_table(result)
+    for module in (logits, topk):
+        path = tmp_path / f"{module.__name__}.png"
+        assert module.plot(result, str(path)) in (True, False)  # False: no matplotlib

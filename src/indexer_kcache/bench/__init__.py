@@ -3,8 +3,9 @@
 Every figure is GPU time per call, the median over replays of a CUDA graph timed with CUDA
 events, next to the minimal bytes the call must move and the device-to-device copy
 bandwidth and empty-launch cost measured in the same run. Sections: ``store`` and
-``readers`` (``bench.store``). Without a GPU, a tiny CPU sweep of the store shows that the
-code runs (wall times, not performance).
+``readers`` (``bench.store``), ``logits`` (``bench.logits``), ``topk`` (``bench.topk``).
+Without a GPU, a tiny CPU sweep of the store shows that the code runs (wall times, not
+performance).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .timing import (
     loop_us,
 )
 
-SECTIONS = ("store", "readers")
+SECTIONS = ("store", "readers", "logits", "topk")
 
 __all__ = [
     "FORMATS", "STORE_ARGS", "check_store_bytes", "copy_bandwidth_GBps", "eager_time_us",
@@ -84,7 +85,22 @@ def main(argv: list[str] | None = None) -> int:
                 peers=not args.no_peers and "store" in args.sections,
                 readers="readers" in args.sections)
         plot(result, os.path.join(args.out, "gpu.png"))
+    if "logits" in args.sections:
+        from . import logits
+
+        logits.run_gpu(result, peers=not args.no_peers)
+        logits.plot(result, os.path.join(args.out, "gpu-logits.png"))
+    if "topk" in args.sections:
+        from . import topk
+
+        topk.run_gpu(result)
+        topk.plot(result, os.path.join(args.out, "gpu-topk.png"))
     with open(os.path.join(args.out, "gpu.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(format_table(result))  # names any byte mismatch last
+    tables = [format_table(result)]  # names any byte mismatch last
+    if "logits" in args.sections:
+        tables.insert(0, logits.format_table(result))
+    if "topk" in args.sections:
+        tables.insert(0, topk.format_table(result))
+    print("\n\n".join(tables))
     return 1 if result["byte_mismatches"] else 0

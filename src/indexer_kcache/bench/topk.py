@@ -1,0 +1,85 @@
+"""The top-k's sweep: ``top_k_indices`` with k = 2048 at the indexer's shapes, against
+``torch.topk(sorted=True)`` in the same run and the copy bandwidth. The calls of one CUDA
+graph rotate over logits buffers that together exceed the L2, so every call reads its
+logits from device memory; ``bytes`` counts the logits read."""
+
+from __future__ import annotations
+
+import torch
+
+from ..topk import top_k_indices
+from .timing import graph_time_us, progress
+
+SHAPES = ((1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192))
+K = 2048
+ROTATION_BYTES = 256 << 20
+
+
+def make_logits(rows: int, cols: int, device, seed: int = 0) -> list[torch.Tensor]:
+    """Random normal fp32 logits, enough buffers to exceed ``ROTATION_BYTES`` together."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    count = max(1, min(64, -(-ROTATION_BYTES // (rows * cols * 4))))
+    return [torch.randn(rows, cols, generator=g, device=device) for _ in range(count)]
+
+
+def run_gpu(result: dict, calls: int = 40, shapes=SHAPES, k: int = K) -> None:
+    """Time ours and torch.topk at every shape into ``result["records"]``; any row that
+    differs from the reference is named in ``result["byte_mismatches"]``."""
+    device = torch.device("cuda")
+    from ..reference import topk as reference_topk
+
+    for rows, cols in progress(shapes, "topk"):
+        buffers = make_logits(rows, cols, device)
+        outs = [torch.empty(rows, k, dtype=torch.int32, device=device) for _ in buffers]
+        ours = [lambda x=x, o=o: top_k_indices(x, k, out=o) for x, o in zip(buffers, outs, strict=True)]
+        ours[0]()
+        if not torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], k)):
+            result["byte_mismatches"].append(f"topk {rows}x{cols}")
+        record = dict(op="topk", rows=rows, cols=cols, k=k, bytes=rows * cols * 4)
+        result["records"].append(dict(record, impl="indexer_kcache",
+                                      gpu_us=graph_time_us(ours, calls)))
+        theirs = [lambda x=x: torch.topk(x, k, dim=1, sorted=True) for x in buffers]
+        result["records"].append(dict(record, impl="torch-topk",
+                                      gpu_us=graph_time_us(theirs, calls)))
+        del buffers, outs
+
+
+def format_table(result: dict) -> str:
+    rows = [r for r in result["records"] if r["op"] == "topk"]
+    copy = result["copy_GBps"]
+    lines = [f"{'rows x cols':>13} {'k':>5} {'ours us':>8} {'torch us':>9} {'x torch':>8} "
+             f"{'% copy':>7}"]
+    for r in (r for r in rows if r["impl"] == "indexer_kcache"):
+        torch_us = next(p["gpu_us"] for p in rows if p["impl"] == "torch-topk"
+                        and (p["rows"], p["cols"], p["k"]) == (r["rows"], r["cols"], r["k"]))
+        pct = 100 * r["bytes"] / r["gpu_us"] / 1e3 / copy
+        lines.append(f"{r['rows']:>5} x {r['cols']:<6} {r['k']:>5} {r['gpu_us']:8.1f} "
+                     f"{torch_us:9.1f} {torch_us / r['gpu_us']:7.2f}x {pct:6.1f}%")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in result["records"] if r["op"] == "topk"]
+    if not rows:
+        return False
+    shapes = sorted({(r["rows"], r["cols"]) for r in rows}, key=lambda s: s[0] * s[1])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, impl in enumerate(("indexer_kcache", "torch-topk")):
+        us = {(r["rows"], r["cols"]): r["gpu_us"] for r in rows if r["impl"] == impl}
+        ax.bar([j + 0.4 * i for j in range(len(shapes))], [us.get(s, 0) for s in shapes], 0.4,
+               label=impl)
+    ax.set_xticks([j + 0.2 for j in range(len(shapes))], [f"{r}x{c}" for r, c in shapes])
+    ax.set_ylabel(f"GPU time per call, k = {rows[0]['k']} (us)")
+    ax.set_title(f"top-k selection on {result['gpu']}")
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
