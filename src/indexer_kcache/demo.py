@@ -3,7 +3,10 @@
 ``python -m indexer_kcache demo`` builds a decode step of 64 sequences plus a 2K-token
 prefill chunk, stores it with every format and ``compress_ratio`` 1 and 2 into a paged
 cache (block_size 64) on the best device there is, checks every byte against the torch
-reference, dequantizes the written keys and reports their error.
+reference, dequantizes the written keys and reports their error. Then, in every format,
+it scores a decode batch against a cache of long sequences in place, picks each row's
+top-2048 positions, and reports the logits' error against float64 and how many of the
+float64 top-2048 each format keeps.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import time
 import torch
 
 from . import layout, reference
+from .logits import paged_mqa_logits
 from .readers import dequantize_indexer_k
 from .store import indexer_k_norm_rope_store
+from .topk import top_k_indices
 
 BLOCK_SIZE = 64
 FORMATS = layout.FORMATS
@@ -116,4 +121,68 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rel_err']:8.4f} {r['ms']:8.2f}")
     ok = all(r["identical"] for r in rows)
     print("\nall bytes identical to the reference" if ok else "\nBYTES DIFFER FROM THE REFERENCE")
+    print_scoring([run_scoring(fmt, device) for fmt in FORMATS])
     return 0 if ok else 1
+
+
+# ----------------------------------------------------------------------------- scoring
+SCORE_SEQS, SCORE_CONTEXT, SCORE_HEADS, TOP_K = 2, 4096, 64, 2048
+
+
+def run_scoring(fmt: str, device, seed: int = 1) -> dict:
+    """Store ``SCORE_SEQS`` sequences of ``SCORE_CONTEXT`` keys in ``fmt``, score one decode
+    query per sequence against the cache in place, pick each row's top-2048, and compare
+    with float64 logits of the unquantized keys."""
+    fp4, mx = FORMATS[fmt]
+    g = torch.Generator().manual_seed(seed)
+    tokens = SCORE_SEQS * SCORE_CONTEXT
+    blocks_per_seq = SCORE_CONTEXT // BLOCK_SIZE
+    num_blocks = SCORE_SEQS * blocks_per_seq
+    block_table = torch.randperm(num_blocks, generator=g).view(SCORE_SEQS, blocks_per_seq)
+    t = torch.arange(SCORE_CONTEXT)
+    slots = (block_table[:, t // BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE).reshape(-1)
+    positions = t.repeat(SCORE_SEQS)
+    angles = torch.outer(torch.arange(SCORE_CONTEXT, dtype=torch.float32),
+                         10000.0 ** (-torch.arange(32) / 32))
+    k_pre = (torch.randn(tokens, 128, generator=g) * 1.5).to(torch.bfloat16)
+    cos_sin = torch.cat([angles.cos(), angles.sin()], 1)
+    weight = (1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16)
+    cache = torch.full((num_blocks, BLOCK_SIZE, layout.cache_row_bytes(fp4)), 0xA5,
+                       dtype=torch.uint8, device=device)
+    indexer_k_norm_rope_store(k_pre.to(device), positions.to(device), cos_sin.to(device),
+                              weight.to(device), 1e-6, cache, slots.to(device), 1, fp4,
+                              mx_scales=mx)
+    q = torch.randn(SCORE_SEQS, 1, SCORE_HEADS, 128, generator=g).to(torch.bfloat16)
+    weights = torch.randn(SCORE_SEQS, SCORE_HEADS, generator=g) / SCORE_HEADS
+    context_lens = torch.full((SCORE_SEQS,), SCORE_CONTEXT, dtype=torch.int32)
+    args = (q.to(device), cache, weights.to(device), context_lens.to(device),
+            block_table.to(torch.int32).to(device), SCORE_CONTEXT)
+    if torch.device(device).type == "cuda":
+        top_k_indices(paged_mqa_logits(*args, mx_scales=mx), TOP_K)  # warm-up: compiles
+    _sync(device)
+    t0 = time.perf_counter()
+    logits = paged_mqa_logits(*args, mx_scales=mx)
+    picked = top_k_indices(logits, TOP_K)
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    # float64 of the keys before quantization (normalised, rotated, bf16 values).
+    keys = reference.normalize_and_rope(k_pre, positions, cos_sin, weight, 1e-6).double()
+    keys = keys.view(SCORE_SEQS, SCORE_CONTEXT, 128)
+    scores = torch.einsum("bhd,btd->bht", q[:, 0].double(), keys)
+    want = (torch.relu(scores) * weights.double()[:, :, None]).sum(1)
+    got = logits.double().cpu()
+    kept = [len(set(picked[b].tolist()) & set(want[b].topk(TOP_K).indices.tolist()))
+            for b in range(SCORE_SEQS)]
+    return dict(format=fmt, keys=tokens, rel_err=float((got - want).norm() / want.norm()),
+                max_err=float((got - want).abs().max()), kept=sum(kept) / len(kept),
+                ms=elapsed * 1e3)
+
+
+def print_scoring(rows: list[dict]) -> None:
+    print(f"\nscoring: {SCORE_SEQS} decode rows x {SCORE_CONTEXT} cached keys, "
+          f"{SCORE_HEADS} heads, bf16 queries; top-{TOP_K} per row\n")
+    print(f"{'format':7} {'keys':>6} {'rel err vs float64':>18} {'max |err|':>10} "
+          f"{f'top-{TOP_K} kept':>14} {'time ms':>8}")
+    for r in rows:
+        print(f"{r['format']:7} {r['keys']:>6} {r['rel_err']:18.4f} {r['max_err']:10.4f} "
+              f"{r['kept']:>9.0f}/{TOP_K} {r['ms']:8.2f}")
