@@ -75,11 +75,11 @@ def test_the_environment_variable_switches_the_fast_path_off():
 
 
 def test_unknown_versions_take_the_plain_path():
-    assert fast_path._known("2.11.0+cu130", fast_path.KNOWN_TORCH)
-    assert fast_path._known("3.6.0", fast_path.KNOWN_TRITON)
-    assert not fast_path._known("3.10.0", fast_path.KNOWN_TRITON)
-    assert not fast_path._known("2.5.1", fast_path.KNOWN_TORCH)
-    assert not fast_path._known("3.0.0a0", fast_path.KNOWN_TORCH)
+    assert fast_path.known_version("2.11.0+cu130", fast_path.KNOWN_TORCH)
+    assert fast_path.known_version("3.6.0", fast_path.KNOWN_TRITON)
+    assert not fast_path.known_version("3.10.0", fast_path.KNOWN_TRITON)
+    assert not fast_path.known_version("2.5.1", fast_path.KNOWN_TORCH)
+    assert not fast_path.known_version("3.0.0a0", fast_path.KNOWN_TORCH)
 
 
 def test_plain_eager_is_false_under_modes_and_on_the_plain_path():
@@ -125,7 +125,7 @@ def test_generated_packers_key_what_triton_specialises_on():
     kernel = launcher.Kernel(ik.store.indexer_k_store_kernel)
     fixed = {n: 1 for n in kernel.names if n not in ("k_pre_ptr", "slot_ptr", "num_tokens")}
     t = torch.zeros(64, dtype=torch.uint8)
-    pack = launcher._packer(kernel, fixed, dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
+    pack = launcher.packer(kernel, fixed, dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
     key, args = pack(dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
     assert key is True and len(args) == len(kernel.names)
     assert args[kernel.names.index("k_pre_ptr")] == t.data_ptr()

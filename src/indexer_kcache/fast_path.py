@@ -42,7 +42,7 @@ def _version(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _known(version: str, known: tuple[tuple[int, int], tuple[int, int]]) -> bool:
+def known_version(version: str, known: tuple[tuple[int, int], tuple[int, int]]) -> bool:
     return known[0] <= _version(version) <= known[1]
 
 
@@ -85,8 +85,8 @@ def _native_guard_class():
 
 
 NATIVE_GUARD = _native_guard_class()
-AVAILABLE = (_known(torch.__version__, KNOWN_TORCH) and _known(triton.__version__, KNOWN_TRITON)
-             and NATIVE_GUARD is not None)
+AVAILABLE = (known_version(torch.__version__, KNOWN_TORCH)
+             and known_version(triton.__version__, KNOWN_TRITON) and NATIVE_GUARD is not None)
 _enabled = AVAILABLE and os.environ.get(ENV_VAR, "1") != "0"
 _on_switch: list[Callable[[], None]] = []
 

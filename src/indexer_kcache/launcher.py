@@ -316,7 +316,7 @@ class KernelLaunch:
             self._launch(grid, per_call)
             return
         if self._pack is None:
-            self._pack = _packer(self.kernel, self.fixed, per_call)
+            self._pack = packer(self.kernel, self.fixed, per_call)
         key, args = self._pack(per_call)
         compiled = self.compiled.get(key)
         if compiled is None:
@@ -334,7 +334,7 @@ class KernelLaunch:
             return self.kernel.fn[grid](**self.fixed, **per_call, **self.launch_options)
 
 
-def _packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
+def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
     """``pack(per_call) -> (key, args)``: ``args`` all the kernel's arguments in order,
     tensors as their addresses; ``key`` what Triton's specialisation sees of the per-call
     ones (a pointer's 16-byte alignment; an int's width and, unless the kernel says
