@@ -26,7 +26,7 @@ def bad_calls():
     t = torch.tensor
     return [
         ("k_pre-dtype", TypeError, "k_pre",
-         lambda c, k: dict(k_pre=c.k_pre.float())),
+         lambda c, k: dict(k_pre=c.k_pre.double())),
         ("k_pre-width", ValueError, "k_pre",
          lambda c, k: dict(k_pre=torch.zeros(40, 64, dtype=torch.bfloat16, device=DEVICE))),
         ("k_pre-stride1", ValueError, "k_pre.stride(1)",

@@ -8,7 +8,7 @@ A low-level ``Library`` keeps the eager dispatch cost to a microsecond or two.
 
 import torch
 
-from . import readers, store
+from . import layout, readers, store
 
 NAMESPACE = "indexer_kcache"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -17,7 +17,8 @@ _lib.define(
     "indexer_k_norm_rope_store(Tensor k_pre, Tensor positions, Tensor cos_sin_cache, "
     "Tensor rms_norm_weight, float rms_norm_eps, Tensor(a!) k_cache, Tensor kv_slot_mapping, "
     "int compress_ratio, bool use_fp4_cache, int mxfp4_n_per_tile=0, *, bool? mx_scales=None, "
-    "bool? shuffle=None, str? backend=None, bool check_bounds=False, bool? enable_pdl=None) -> ()"
+    "bool? shuffle=None, str? backend=None, bool check_bounds=False, bool? enable_pdl=None, "
+    "int mxfp4_d_per_tile=16, int? mxfp4_scale_lanes=None) -> ()"
 )
 _lib.impl("indexer_k_norm_rope_store", store.store_impl, "CompositeExplicitAutograd")
 
@@ -25,12 +26,15 @@ _lib.impl("indexer_k_norm_rope_store", store.store_impl, "CompositeExplicitAutog
 @torch.library.register_fake(f"{NAMESPACE}::indexer_k_norm_rope_store", lib=_lib)
 def _store_fake(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                 kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, *,
-                mx_scales=None, shuffle=None, backend=None, check_bounds=False, enable_pdl=None):
+                mx_scales=None, shuffle=None, backend=None, check_bounds=False, enable_pdl=None,
+                mxfp4_d_per_tile=16, mxfp4_scale_lanes=None):
     store.plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                      kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile,
-                     mx_scales, shuffle, backend, check_bounds, enable_pdl)
+                     mx_scales, shuffle, backend, check_bounds, enable_pdl, mxfp4_d_per_tile,
+                     mxfp4_scale_lanes)
 
-_READER_OPTIONS = "bool? shuffle=None, int mxfp4_n_per_tile=0, str? backend=None, bool check_bounds=True"
+_READER_OPTIONS = ("bool? shuffle=None, int mxfp4_n_per_tile=0, str? backend=None, bool check_bounds=True, "
+                   "int mxfp4_d_per_tile=16, int? mxfp4_scale_lanes=None")
 _lib.define(f"gather_indexer_k(Tensor k_cache, Tensor slots, bool use_fp4_cache, *, "
             f"{_READER_OPTIONS}) -> (Tensor, Tensor)")
 _lib.define(f"gather_indexer_k_by_blocks(Tensor k_cache, Tensor block_table, Tensor cu_seq_lens, "
@@ -43,8 +47,8 @@ _lib.impl("dequantize_indexer_k", readers.dequantize_impl, "CompositeExplicitAut
 
 
 def _empty_rows(k_cache, num_rows, use_fp4_cache):
-    values = k_cache.new_empty((num_rows, 64 if use_fp4_cache else 128))
-    return values, k_cache.new_empty((num_rows, 4))
+    values = k_cache.new_empty((num_rows, layout.value_bytes(use_fp4_cache)))
+    return values, k_cache.new_empty((num_rows, layout.SCALE_BYTES))
 
 
 @torch.library.register_fake(f"{NAMESPACE}::gather_indexer_k", lib=_lib)
@@ -60,4 +64,4 @@ def _gather_by_blocks_fake(k_cache, block_table, cu_seq_lens, use_fp4_cache, **o
 
 @torch.library.register_fake(f"{NAMESPACE}::dequantize_indexer_k", lib=_lib)
 def _dequantize_fake(k_cache, slots, use_fp4_cache, **options):
-    return k_cache.new_empty((slots.shape[0], 128), dtype=torch.float32)
+    return k_cache.new_empty((slots.shape[0], layout.HEAD_DIM), dtype=torch.float32)

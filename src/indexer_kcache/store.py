@@ -12,29 +12,29 @@ from .direct_launch import launch_compiled, plain_eager
 from .kernels import INTERPRETED, indexer_k_store_kernel
 from .plan_cache import PlanCache
 
-K_PRE_DTYPES = (torch.bfloat16,)
+# float32 / float16 keys are rounded to bf16 as the kernel loads them.
+K_PRE_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
-ROPE_DIM = 64
 
 
 class StorePlan:
     """Everything about a call that does not change while its tensors' metadata doesn't."""
 
-    __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile",
-                 "compress_ratio", "block_size", "exact_casts", "pdl", "nvidia", "device", "sizes",
-                 "launches")
+    __slots__ = ("backend", "use_fp4_cache", "mx_scales", "layout", "n_per_tile", "d_per_tile",
+                 "scale_lanes", "compress_ratio", "block_size", "exact_casts", "pdl", "nvidia",
+                 "device", "sizes", "launches")
 
     def __init__(self, **fields):
         self.launches = {}  # specialization key -> compiled kernel (see launch_store)
         for name, value in fields.items():
             setattr(self, name, value)
 
-    def constexprs(self, block_t: int, eager_loads: bool) -> tuple:
+    def constexprs(self, block_t: int, eager_loads: bool, compact: bool, ranges: int) -> tuple:
         """The kernel's compile-time arguments, in order."""
         return (self.compress_ratio, self.use_fp4_cache, self.mx_scales, self.layout,
-                self.n_per_tile, self.block_size, block_t, eager_loads, self.exact_casts,
-                self.pdl)
+                self.n_per_tile, self.d_per_tile, self.scale_lanes, self.block_size, block_t,
+                eager_loads, compact, ranges, self.exact_casts, self.pdl)
 
 
 def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
@@ -64,7 +64,7 @@ def pdl_supported(device: torch.device) -> bool:
 def plan_store(
     k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
     compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
-    enable_pdl=None,
+    enable_pdl=None, mxfp4_d_per_tile=layout.MXFP4_D_PER_TILE, mxfp4_scale_lanes=None,
 ) -> StorePlan:
     """Check every argument; return how to run the call. Raises before touching k_cache."""
     checks.check_flag("use_fp4_cache", use_fp4_cache)
@@ -78,9 +78,9 @@ def plan_store(
         fail_value("k_pre.stride(1)", "1", k_pre.stride(1))
     checks.check_index_vector("positions", positions)
     checks.check_dtype("cos_sin_cache", cos_sin_cache, COS_SIN_DTYPES)
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != ROPE_DIM:
-        fail_value("cos_sin_cache", f"shape [max_pos, {ROPE_DIM}] (32 cos then 32 sin)",
-                   f"shape {tuple(cos_sin_cache.shape)}")
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != layout.ROPE_DIM:
+        fail_value("cos_sin_cache", f"shape [max_pos, {layout.ROPE_DIM}] ({layout.ROPE_DIM // 2} cos "
+                   f"then {layout.ROPE_DIM // 2} sin)", f"shape {tuple(cos_sin_cache.shape)}")
     if cos_sin_cache.stride(1) != 1:
         fail_value("cos_sin_cache.stride(1)", "1", cos_sin_cache.stride(1))
     checks.check_dtype("rms_norm_weight", rms_norm_weight, WEIGHT_DTYPES)
@@ -108,8 +108,9 @@ def plan_store(
                    positions.shape[0])
     device = k_cache.device
     block_size = k_cache.shape[1]
-    layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, shuffle, block_size,
-                                                    mxfp4_n_per_tile, device)
+    layout_code, n_per_tile, d_per_tile, scale_lanes = checks.resolve_layout(
+        use_fp4_cache, shuffle, block_size, mxfp4_n_per_tile, device, mxfp4_d_per_tile,
+        mxfp4_scale_lanes)
     pdl = pdl_supported(device)
     if enable_pdl and not pdl:
         checks.fail_unsupported("enable_pdl", "False or None on this device (PDL needs an "
@@ -125,6 +126,8 @@ def plan_store(
         and not use_fp4_cache,
         layout=layout_code,
         n_per_tile=n_per_tile,
+        d_per_tile=d_per_tile,
+        scale_lanes=scale_lanes,
         compress_ratio=compress_ratio,
         block_size=block_size,
         exact_casts=exact_casts_needed(device),
@@ -154,8 +157,9 @@ def check_store_bounds(positions, cos_sin_cache, k_cache, kv_slot_mapping, compr
 
 
 def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool
-                   ) -> tuple[int, int, bool, int]:
-    """(tokens per program, warps per program, eager key loads, register cap) for a launch.
+                   ) -> tuple[int, int, bool, int, bool, int]:
+    """(tokens per program, warps per program, eager key loads, register cap, compaction,
+    ranges per program) for a launch.
 
     Deterministic in its inputs; chosen with ``benchmarks/tune_store.py`` on an H200
     (``benchmarks/results/h200-tune.txt``). Small launches are latency-bound: one or two
@@ -166,20 +170,23 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     as each key row waits for the slots and positions, it needs more programs in flight:
     above 64K tokens, 16 pairs over 2 warps with a cap of 80 registers a thread (0 = the
     compiler's choice), 12 programs to an SM; 96 for MXFP4's longer encoding (10 to an SM).
+    With compaction (the last two fields; the kernel's ``COMPACT`` and ``RANGES``) a
+    program instead walks ``ranges`` ranges of ``tokens * compress_ratio`` tokens, loading
+    each range's slots and positions while it encodes the previous one.
     """
     if interpreted:
-        return 64, 1, False, 0  # the interpreter's cost is per program: fewer, larger ones
+        return 64, 1, False, 0, False, 1  # the interpreter's cost is per program: fewer, larger ones
     if num_tokens <= 64:
-        return 1, 1, True, 0
+        return 1, 1, True, 0, False, 1
     if num_tokens <= 1024:
-        return 2, 1, True, 0
+        return 2, 1, True, 0, False, 1
     if num_tokens <= 8192:
-        return (8, 1, True, 0) if compress_ratio == 1 else (4, 1, False, 0)
+        return (8, 1, True, 0, False, 1) if compress_ratio == 1 else (4, 1, False, 0, False, 1)
     if num_tokens <= 65536:
-        return (32, 4, True, 0) if compress_ratio == 1 else (32, 4, False, 0)
+        return (32, 4, True, 0, False, 1) if compress_ratio == 1 else (32, 4, False, 0, False, 1)
     if compress_ratio == 2:
-        return (16, 2, False, 96) if use_fp4 else (16, 2, False, 80)
-    return (32, 2, True, 0) if use_fp4 else (32, 4, True, 0)
+        return (16, 2, False, 96, False, 1) if use_fp4 else (16, 2, False, 80, False, 1)
+    return (32, 2, True, 0, False, 1) if use_fp4 else (32, 4, True, 0, False, 1)
 
 
 def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cache,
@@ -188,15 +195,18 @@ def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cac
     given specialization (the kernel's compile-time view of pointer alignment and int
     widths), later ones go straight to the compiled kernel, skipping Triton's per-call
     argument binding."""
-    block_t, num_warps, eager_loads, max_registers = store_settings(
+    block_t, num_warps, eager_loads, max_registers, compact, ranges = store_settings(
         num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
-    tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
+    if compact:  # ranges of block_t * compress_ratio tokens
+        tokens_per_program = block_t * plan.compress_ratio * ranges
+    else:
+        tokens_per_program = block_t * (1 if eager_loads else plan.compress_ratio)  # pairs
     grid = -(-num_tokens // tokens_per_program)
     if INTERPRETED:
         indexer_k_store_kernel[(grid,)](
             *_kernel_args(plan, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
                           k_cache, kv_slot_mapping, num_tokens,
-                          plan.constexprs(block_t, eager_loads)),
+                          plan.constexprs(block_t, eager_loads, compact, ranges)),
             num_warps=num_warps)
         return
     k_pre_ptr, positions_ptr = k_pre.data_ptr(), positions.data_ptr()
@@ -205,13 +215,13 @@ def launch_store(plan: StorePlan, num_tokens: int, k_pre, positions, cos_sin_cac
     # Triton specializes pointers on 16-byte alignment and types an int as i32 or i64 by its
     # value: a kernel compiled for one must not be launched with the other. The plan's key
     # fixes every other argument's specialization.
-    key = (block_t, num_warps, eager_loads, max_registers, num_tokens > 0x7FFFFFFF,
+    key = (block_t, num_warps, eager_loads, max_registers, compact, ranges, num_tokens > 0x7FFFFFFF,
            k_pre_ptr % 16 == 0, positions_ptr % 16 == 0, cos_sin_ptr % 16 == 0,
            weight_ptr % 16 == 0, cache_ptr % 16 == 0, slots_ptr % 16 == 0)
     launch = plan.launches.get(key)
     if launch is None:
         # The first launch of a specialization compiles it from the tensors themselves.
-        constexprs = plan.constexprs(block_t, eager_loads)
+        constexprs = plan.constexprs(block_t, eager_loads, compact, ranges)
         with torch.cuda.device(plan.device):
             compiled = indexer_k_store_kernel[(grid,)](
                 *_kernel_args(plan, k_pre, positions, cos_sin_cache, rms_norm_weight,
@@ -257,14 +267,16 @@ _PLANS = PlanCache(token_dims=((0,), (0,), (), (), (), (0,)))
 def store_impl(
     k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
     compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, mx_scales=None, shuffle=None,
-    backend=None, check_bounds=False, enable_pdl=None,
+    backend=None, check_bounds=False, enable_pdl=None, mxfp4_d_per_tile=layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes=None,
 ) -> None:
     tensors = (k_pre, positions, cos_sin_cache, rms_norm_weight, k_cache, kv_slot_mapping)
     # With their types: 1.0 and True equal 1 as dictionary keys, but are not valid ratios.
     options = (type(rms_norm_eps), compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
-               shuffle, backend, check_bounds, enable_pdl, type(compress_ratio),
-               type(use_fp4_cache), type(mxfp4_n_per_tile), type(mx_scales), type(shuffle),
-               type(check_bounds), type(enable_pdl))
+               shuffle, backend, check_bounds, enable_pdl, mxfp4_d_per_tile, mxfp4_scale_lanes,
+               type(compress_ratio), type(use_fp4_cache), type(mxfp4_n_per_tile), type(mx_scales),
+               type(shuffle), type(check_bounds), type(enable_pdl), type(mxfp4_d_per_tile),
+               type(mxfp4_scale_lanes))
     plan = _PLANS.get(options, tensors)
     if plan is not None:
         num_tokens = kv_slot_mapping.shape[0]
@@ -274,7 +286,7 @@ def store_impl(
         plan = plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
                           k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache,
                           mxfp4_n_per_tile, mx_scales, shuffle, backend, check_bounds,
-                          enable_pdl)  # raises on any bad argument
+                          enable_pdl, mxfp4_d_per_tile, mxfp4_scale_lanes)  # raises on any bad argument
         # An index vector of one element may have any stride: a plan kept for it would
         # let a longer vector with that stride through.
         if positions.stride() == (1,) and kv_slot_mapping.stride() == (1,):
@@ -287,7 +299,8 @@ def store_impl(
     if plan.backend == "reference":
         reference.store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                         kv_slot_mapping, compress_ratio, use_fp4_cache, mx_scales=plan.mx_scales,
-                        layout_code=plan.layout, n_per_tile=plan.n_per_tile)
+                        layout_code=plan.layout, n_per_tile=plan.n_per_tile,
+                        d_per_tile=plan.d_per_tile, scale_lanes=plan.scale_lanes)
     else:
         launch_store(plan, num_tokens, k_pre, positions, cos_sin_cache, rms_norm_weight,
                      rms_norm_eps, k_cache, kv_slot_mapping)
@@ -310,6 +323,8 @@ def indexer_k_norm_rope_store(
     backend: str | None = None,
     check_bounds: bool = False,
     enable_pdl: bool | None = None,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> None:
     """RMS-norm -> RoPE -> quantize -> paged store of the indexer keys; mutates ``k_cache``.
 
@@ -318,8 +333,14 @@ def indexer_k_norm_rope_store(
     compress_ratio == 0``; slots or group positions out of range are skipped (or, with
     ``check_bounds=True``, reported as ``IndexError`` by a synchronising host check).
 
+    ``k_pre`` may be bf16, float32 or float16: the bytes are those of the same call with
+    ``k_pre.to(torch.bfloat16)``. A written key that is not finite after the norm and the
+    rotation (NaN or infinity in its row of ``k_pre`` or ``cos_sin_cache``, or on the way)
+    is stored poisoned: every value code zero and its scale NaN.
+
     Args:
-        mxfp4_n_per_tile: MFMA N (16, 32, 64) of the ROCm MXFP4 preshuffle layout.
+        mxfp4_n_per_tile: tokens per run of the ROCm MXFP4 preshuffle layout (aiter's
+            ``n_per_tile``, the MQA-logits kernel's MFMA N): a divisor of block_size.
         mx_scales: FP8 scales as four UE8M0 bytes; ``None`` = true on CUDA cc 10.x.
         shuffle: ROCm value layout; ``None`` = true on ROCm when ``block_size > 1``.
         backend: ``"triton"``, ``"reference"`` or ``None`` (Triton on GPUs and under
@@ -329,20 +350,27 @@ def indexer_k_norm_rope_store(
             previous kernel in the stream is still running, and waits for it before reading
             or writing memory; it also lets the next kernel launch early. ``None`` = on for
             NVIDIA GPUs of compute capability 9.0 and newer.
+        mxfp4_d_per_tile: bytes per chunk of a token's 64 value bytes in a run of the
+            preshuffle layout (aiter's ``d_per_tile``): a divisor of 64.
+        mxfp4_scale_lanes: aiter's ``scale_lanes``: a run's scales are stored as ``[scale %
+            scale_lanes, token, scale // scale_lanes]``; a divisor of 4. ``None`` = ``64 //
+            mxfp4_n_per_tile`` (vLLM's order).
     """
     if plain_eager(k_cache, k_pre):  # the op's implementation, without the dispatcher
         store_impl(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                    kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, mx_scales,
-                   shuffle, backend, check_bounds, enable_pdl)
+                   shuffle, backend, check_bounds, enable_pdl, mxfp4_d_per_tile, mxfp4_scale_lanes)
         return
     args = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
             kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
     try:
         torch.ops.indexer_kcache.indexer_k_norm_rope_store(
             *args, mx_scales=mx_scales, shuffle=shuffle, backend=backend,
-            check_bounds=check_bounds, enable_pdl=enable_pdl)
+            check_bounds=check_bounds, enable_pdl=enable_pdl, mxfp4_d_per_tile=mxfp4_d_per_tile,
+            mxfp4_scale_lanes=mxfp4_scale_lanes)
     except RuntimeError:
         # The op's schema rejects wrong argument types with a bare RuntimeError before
         # anything runs; name the argument instead.
-        plan_store(*args, mx_scales, shuffle, backend, check_bounds, enable_pdl)
+        plan_store(*args, mx_scales, shuffle, backend, check_bounds, enable_pdl,
+                   mxfp4_d_per_tile, mxfp4_scale_lanes)
         raise
