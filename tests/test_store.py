@@ -194,7 +194,7 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
                      skip_every=0)
     for positions in (torch.arange(45) + start + 10, 2 * torch.arange(45) + 1):
         case.positions[:45] = positions.to(case.positions)
-        case.k_pre[:45] = torch.randn(45, 128, device=case.k_pre.device).to(torch.bfloat16)
+        case.k_pre[:45] = torch.randn(45, layout.HEAD_DIM, device=case.k_pre.device).to(torch.bfloat16)
         want = run_store(case, "reference")
         got = run_store(case, "triton")
         assert_same_bytes(got, want, "triton vs reference")
@@ -246,7 +246,7 @@ def test_launched_settings_at_their_sizes(fp4, compress_ratio, tokens):
                          block_size=64, max_pos=2 * tokens, page_pad=24 * (seed % 2),
                          generator=g)
         if seed >= 4:  # rows of edge values (ties, zeros, extremes) over many binades
-            k = EDGES[torch.randint(0, len(EDGES), (tokens, 128), generator=g)]
+            k = EDGES[torch.randint(0, len(EDGES), (tokens, layout.HEAD_DIM), generator=g)]
             k *= torch.exp2(torch.randint(-40, 40, (tokens, 1), generator=g).float())
             case.k_pre[:tokens] = k.to(torch.bfloat16).to(case.k_pre.device)
         want = run_store(case, "reference")

@@ -45,10 +45,12 @@ def make_batch(compress_ratio: int, device, decode_seqs: int = 64, prefill_token
     angles = torch.outer(torch.arange(max_pos, dtype=torch.float32),
                          10000.0 ** (-torch.arange(32) / 32))
     return dict(
-        k_pre=(torch.randn(positions.numel(), 128, generator=g) * 1.5).to(torch.bfloat16).to(device),
+        k_pre=(torch.randn(positions.numel(), layout.HEAD_DIM, generator=g) * 1.5).to(torch.bfloat16)
+        .to(device),
         positions=positions.to(device),
         cos_sin_cache=torch.cat([angles.cos(), angles.sin()], 1).to(device),
-        rms_norm_weight=(1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16).to(device),
+        rms_norm_weight=(1 + 0.1 * torch.randn(layout.HEAD_DIM, generator=g)).to(torch.bfloat16)
+        .to(device),
         rms_norm_eps=1e-6,
         kv_slot_mapping=torch.cat(slots).to(device),
         num_blocks=num_blocks,

@@ -18,7 +18,7 @@ _lib.define(
     "Tensor rms_norm_weight, float rms_norm_eps, Tensor(a!) k_cache, Tensor kv_slot_mapping, "
     "int compress_ratio, bool use_fp4_cache, int mxfp4_n_per_tile=0, *, bool? mx_scales=None, "
     "bool? shuffle=None, str? backend=None, bool check_bounds=False, bool? enable_pdl=None, "
-    "int mxfp4_d_per_tile=16, int? mxfp4_scale_lanes=None) -> ()"
+    f"int mxfp4_d_per_tile={layout.MXFP4_D_PER_TILE}, int? mxfp4_scale_lanes=None) -> ()"
 )
 _lib.impl("indexer_k_norm_rope_store", store.store_impl, "CompositeExplicitAutograd")
 
@@ -27,14 +27,14 @@ _lib.impl("indexer_k_norm_rope_store", store.store_impl, "CompositeExplicitAutog
 def _store_fake(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                 kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, *,
                 mx_scales=None, shuffle=None, backend=None, check_bounds=False, enable_pdl=None,
-                mxfp4_d_per_tile=16, mxfp4_scale_lanes=None):
+                mxfp4_d_per_tile=layout.MXFP4_D_PER_TILE, mxfp4_scale_lanes=None):
     store.plan_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
                      kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile,
                      mx_scales, shuffle, backend, check_bounds, enable_pdl, mxfp4_d_per_tile,
                      mxfp4_scale_lanes)
 
 _READER_OPTIONS = ("bool? shuffle=None, int mxfp4_n_per_tile=0, str? backend=None, bool check_bounds=True, "
-                   "int mxfp4_d_per_tile=16, int? mxfp4_scale_lanes=None")
+                   f"int mxfp4_d_per_tile={layout.MXFP4_D_PER_TILE}, int? mxfp4_scale_lanes=None")
 _lib.define(f"gather_indexer_k(Tensor k_cache, Tensor slots, bool use_fp4_cache, *, "
             f"{_READER_OPTIONS}) -> (Tensor, Tensor)")
 _lib.define(f"gather_indexer_k_by_blocks(Tensor k_cache, Tensor block_table, Tensor cu_seq_lens, "
