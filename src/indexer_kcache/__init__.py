@@ -1,8 +1,9 @@
 """indexer-kcache: Triton kernels for DeepSeek V4.1's lightning-indexer key cache.
 
 The store (``indexer_k_norm_rope_store``) normalises, rotates, quantizes (FP8 with fp32
-or MX scales, or MXFP4) and writes the keys into the paged uint8 cache; the readers
-gather and dequantize them back. See ``layout`` for the page format.
+or MX scales, or MXFP4) and writes the keys (bf16, or float32 / float16 rounded to bf16)
+into the paged uint8 cache; the readers gather and dequantize them back. See ``layout``
+for the cache format, and the README's support table for what has run where.
 """
 
 from . import library  # noqa: F401  (registers the torch.library ops)

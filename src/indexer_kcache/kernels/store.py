@@ -139,7 +139,8 @@ def _mxfp4_half(x, y, amax, EXACT_CASTS: tl.constexpr):
     exponents [2, T]). The scale 2**e >= amax / 6 bounds every scaled value by 6, as
     ``e2m1_code`` needs."""
     amax = tl.maximum(amax, layout.MXFP4_AMAX_FLOOR)
-    e = tl.minimum(tl.maximum(ceil_log2_of_ratio(amax, layout.MXFP4_MAX), -127), 127)
+    e = ceil_log2_of_ratio(amax, layout.MXFP4_MAX)
+    e = tl.minimum(tl.maximum(e, -layout.UE8M0_BIAS), layout.UE8M0_BIAS)  # a UE8M0 byte: 0..254
     inv_scale = pow2(-e)[:, None, :, None, None]
     packed = e2m1_pair(x * inv_scale, y * inv_scale, EXACT_CASTS)
     return packed.to(tl.uint8), e

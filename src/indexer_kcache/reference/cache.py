@@ -157,7 +157,7 @@ def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, 128] float32 -> (uint8 [n, 64] packed E2M1 pairs, uint8 [n, 4] UE8M0 scales)."""
     groups = k.view(k.shape[0], HEAD_DIM // MXFP4_GROUP, MXFP4_GROUP)
     amax = groups.abs().amax(dim=2).clamp_min(MXFP4_AMAX_FLOOR)
-    e = ceil_log2(_div_rn(amax, MXFP4_MAX)).clamp(-127, 127)
+    e = ceil_log2(_div_rn(amax, MXFP4_MAX)).clamp(-UE8M0_BIAS, UE8M0_BIAS)  # a UE8M0 byte: 0..254
     codes = e2m1_codes((groups * pow2(-e)[:, :, None]).reshape(k.shape[0], HEAD_DIM).contiguous())
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     return poison_nonfinite(k, packed, (e + UE8M0_BIAS).to(torch.uint8), fp32_scale=False)
