@@ -257,6 +257,18 @@ def run_gpu(tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 2), calls: int
                               minimal_store_bytes(inputs), graph_us_no_pdl=no_pdl_us,
                               empty_launch_eager_us=empty_us))
         del inputs, fn
+    # float32 keys (a wk GEMM's accumulator, rounded to bf16 as they are loaded) at the
+    # largest size: twice the key bytes read.
+    for fmt, cr in _progress([(f, cr) for f in formats for cr in ratios], "float32 keys"):
+        inputs = make_inputs(max(tokens), fmt, cr, device, k_pre_dtype=torch.float32)
+        mx = FORMATS[fmt][1]
+        if not check_store_bytes(inputs, mx):
+            mismatches.append(f"{fmt} cr{cr} {max(tokens)} float32 keys")
+        fn = store_call(inputs, mx)
+        records.append(Record("kcache fp32 keys", fmt, cr, max(tokens),
+                              graph_time_us(fn, calls), eager_time_us(fn, calls, torch.cuda.synchronize),
+                              minimal_store_bytes(inputs)))
+        del inputs, fn
     if peers:
         records += run_peers(device, formats, peer_tokens, calls)
     result["records"] = [asdict(r) for r in records]
