@@ -234,6 +234,22 @@ def test_an_aiter_order_read_by_blocks(backend):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_an_aiter_order_through_the_ops():
+    """The options are in the ops' schemas (opcheck: schema, fake implementation, eager)."""
+    case = make_case(12, use_fp4_cache=True, block_size=BLOCK, num_blocks=2, skip_every=0,
+                     compress_ratio=1)
+    cache = case.new_cache()
+    order = dict(mxfp4_d_per_tile=4, mxfp4_scale_lanes=1)
+    ops = torch.ops.indexer_kcache
+    torch.library.opcheck(ops.indexer_k_norm_rope_store.default, (*case.args(cache), 32),
+                          dict(shuffle=True, **order))
+    order["mxfp4_n_per_tile"] = 32
+    torch.library.opcheck(ops.gather_indexer_k.default, (cache, case.slots, True),
+                          dict(shuffle=True, **order))
+    torch.library.opcheck(ops.dequantize_indexer_k.default, (cache, case.slots, True),
+                          dict(shuffle=True, **order))
+
+
 def illegal_orders():
     """(id, block_size, n, d_chunk, lanes, error, words the message must contain)."""
     return [
@@ -477,18 +493,22 @@ def test_constants_are_defined_once_and_read_the_same_everywhere():
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
-    import itertools, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from indexer_kcache import layout
     from indexer_kcache.kernels import gather_indexer_k_kernel, indexer_k_store_kernel
 
-    def compile_(kernel, signature, constexprs, options):
+    SM90, SM100, GFX942 = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 100, 32), GPUTarget(
+        "hip", "gfx942", 64)
+
+    def compile_(kernel, signature, constexprs, target, **options):
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         src = ASTSource(fn=kernel, signature=sig, constexprs={
             (kernel.arg_names.index(name),): value for name, value in constexprs.items()})
-        triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        if target.backend == "cuda":
+            options.update(enable_fp_fusion=False, launch_pdl=constexprs.get("USE_PDL", False))
+        triton.compile(src, target=target, options=options)
 
     store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
                  cos_sin_ptr="*fp32", cos_sin_row_stride="i32", max_pos="i32", weight_ptr="*bf16",
@@ -497,35 +517,43 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     base = dict(COMPRESS_RATIO=2, USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0,
                 D_PER_TILE=0, SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=16, EAGER_LOADS=False,
                 COMPACT=False, RANGES=1, EXACT_CASTS=False, USE_PDL=True)
-    variants = [
-        ({}, {}),  # the pairs path
-        ({"COMPACT": True, "RANGES": 2}, {}),
-        ({"COMPRESS_RATIO": 1, "EAGER_LOADS": True, "BLOCK_T": 1, "USE_FP4": False}, {}),
-        ({"LAYOUT": layout.MXFP4_PRESHUFFLE, "N_PER_TILE": 16, "D_PER_TILE": 8,
-          "SCALE_LANES": 2, "EXACT_CASTS": True}, {"k_pre_ptr": "*fp32"}),
-        ({"USE_FP4": False, "MX_SCALES": True, "LAYOUT": layout.FP8_TILED}, {"k_pre_ptr": "*fp16"}),
+    aiter = dict(LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=16, D_PER_TILE=8, SCALE_LANES=2)
+    variants = [  # (target, constexprs, argument types, options)
+        (SM90, {}, {}, dict(num_warps=2, maxnreg=96)),  # the pairs path
+        (SM90, {"COMPACT": True, "RANGES": 2}, {}, dict(num_warps=2)),
+        (SM90, {"COMPRESS_RATIO": 1, "EAGER_LOADS": True, "BLOCK_T": 1, "USE_FP4": False}, {},
+         dict(num_warps=1)),
+        (SM90, dict(aiter, EXACT_CASTS=True), {"k_pre_ptr": "*fp32"}, dict(num_warps=2)),
+        (SM90, {"USE_FP4": False, "MX_SCALES": True, "LAYOUT": layout.FP8_TILED},
+         {"k_pre_ptr": "*fp16"}, dict(num_warps=2)),
+        (SM100, {"COMPRESS_RATIO": 1, "EAGER_LOADS": True, "BLOCK_T": 32, "USE_FP4": False,
+                 "MX_SCALES": True}, {}, dict(num_warps=4)),
+        (GFX942, dict(aiter, COMPACT=True, RANGES=2, EXACT_CASTS=True, USE_PDL=False), {},
+         dict(num_warps=4)),
     ]
-    for constexprs, types in variants:
-        compile_(indexer_k_store_kernel, dict(store, **types), dict(base, **constexprs),
-                 dict(num_warps=2, enable_fp_fusion=False, launch_pdl=True, maxnreg=96))
+    for target, constexprs, types, options in variants:
+        compile_(indexer_k_store_kernel, dict(store, **types), dict(base, **constexprs), target,
+                 **options)
     gather = dict(cache_ptr="*u8", page_stride="i32", num_slots="i32", slot_ptr="*i64",
                   num_rows="i32", block_table_ptr="*i64", block_table_row_stride="i32",
                   block_table_cols="i32", cu_seq_lens_ptr="*i64", values_ptr="*u8",
                   scales_ptr="*u8", dequant_ptr="*fp32")
-    compile_(gather_indexer_k_kernel, gather,
-             dict(USE_FP4=True, MX_SCALES=False, LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=32,
-                  D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=False, DEQUANTIZE=True,
-                  BLOCK_R=32), dict(num_warps=4))
+    for target in (SM90, GFX942):
+        compile_(gather_indexer_k_kernel, gather,
+                 dict(USE_FP4=True, MX_SCALES=False, LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=32,
+                      D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=False,
+                      DEQUANTIZE=True, BLOCK_R=32), target, num_warps=4)
     print("compiled")
 """)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the GPU tests run the compiled kernels themselves")
-def test_kernels_compile_for_sm90_without_a_gpu():
+def test_kernels_compile_for_sm90_sm100_and_gfx942_without_a_gpu():
     """The interpreter runs kernels as Python: it does not check what only the compiler
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
-    (its load paths, float keys, an aiter order) and a reader for sm_90 with Triton's own
-    ptxas, in a process without TRITON_INTERPRET."""
+    (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
+    sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
+    TRITON_INTERPRET. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")
