@@ -35,7 +35,7 @@ def variants(readers: bool) -> dict:
     ((compiled, _),) = plan.launches.values()
     pointers = [inputs[k].data_ptr() for k in bench.STORE_ARGS[:7] if k != "rms_norm_eps"]
     kernel_args = store._kernel_args(plan, *pointers[:4], 1e-6, *pointers[4:], 1,
-                                     plan.constexprs(1, True))
+                                     plan.constexprs(1, True, False, 1))
     rows.update({
         "op dispatch + store_impl": lambda: torch.ops.indexer_kcache.indexer_k_norm_rope_store(
             *args, mx_scales=False),
