@@ -390,8 +390,8 @@ def indexer_k_store_kernel(
                                        page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
                                        N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
                                        EXACT_CASTS)
-            if (batch + 1) * BLOCK_T < num_written:  # the range's next batch (pairs where
-                batch += 1                            # both tokens write)
+            if (batch + 1) * BLOCK_T < num_written:
+                batch += 1  # the range's next batch: more writers than lanes
             else:  # the next range, whose indices were loaded during this one's encode
                 it += 1
                 batch = 0
