@@ -2,10 +2,10 @@
 
     python benchmarks/tune_store.py [--formats fp8 mxfp4] [--ratios 1 2] [--calls 50]
 
-For each size, every (tokens per program, warps, eager loads, register cap) candidate
-of that size class, with programmatic dependent launch (PDL) on, and the best one again with it off.
-Prints the best few per size. The bytes are checked against the reference for every
-setting ('!' marks a mismatch).
+For each size, every (tokens per program, warps, eager loads, register cap, compaction,
+ranges per program) candidate of that size class, with programmatic dependent launch (PDL)
+on, and the best one again with it off. Prints the best few per size. The bytes are checked
+against the reference for every setting ('!' marks a mismatch).
 """
 
 from __future__ import annotations
@@ -24,13 +24,20 @@ LARGE = [(32, 2, True, 0), (32, 4, True, 0), (64, 4, True, 0), (32, 2, False, 0)
          (32, 4, False, 80), (32, 4, False, 72), (16, 2, False, 80), (32, 2, False, 128),
          (16, 2, False, 0), (16, 2, False, 96), (16, 2, False, 72), (16, 4, False, 0),
          (8, 1, False, 0), (8, 1, False, 80), (8, 2, False, 0), (16, 1, False, 0)]
+# The compacted path (ratio 2): (tokens per batch, warps, register cap, ranges per program).
+COMPACT = [(16, 2, 0, 1), (16, 2, 0, 2), (16, 2, 0, 4), (16, 2, 168, 2), (16, 2, 128, 4),
+           (8, 1, 0, 2), (8, 1, 0, 4), (32, 4, 0, 2)]
+LARGE = [(*s, False, 1) for s in LARGE] + [(t, w, False, r, True, n) for t, w, r, n in COMPACT]
 CANDIDATES = {1: SMALL, 64: SMALL, 512: SMALL, 4096: MID, 32768: LARGE, 262144: LARGE}
+CANDIDATES = {t: [s if len(s) == 6 else (*s, False, 1) for s in c] for t, c in CANDIDATES.items()}
 
 
 def label(setting) -> str:
-    """(32, 4, True, 0) -> 32x4e; (32, 4, False, 80) -> 32x4r80 (register cap)."""
-    block_t, warps, eager, max_registers = setting
-    return f"{block_t}x{warps}{'e' if eager else ''}" + f"r{max_registers}" * bool(max_registers)
+    """(32, 4, True, 0, ...) -> 32x4e; (32, 4, False, 80, ...) -> 32x4r80 (register cap);
+    (16, 2, False, 0, True, 2) -> 16x2c2 (compacted, 2 ranges a program)."""
+    block_t, warps, eager, max_registers, compact, ranges = setting
+    return (f"{block_t}x{warps}{'e' if eager else ''}" + f"r{max_registers}" * bool(max_registers)
+            + f"c{ranges}" * compact)
 
 
 def timed(inputs, fmt, calls, setting, pdl):

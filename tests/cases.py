@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 import indexer_kcache as ik
+from indexer_kcache import layout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SENTINEL = 0xA5
@@ -77,7 +78,7 @@ def make_case(
     # Vary the magnitude per token so the scales span many exponents.
     k_store *= torch.exp2(torch.randint(-6, 7, (rows, 1), generator=g)).to(torch.bfloat16)
     k_store = k_store.to(device)
-    k_pre = k_store[:, :128]
+    k_pre = k_store[:, :layout.HEAD_DIM]
     positions = torch.randint(0, max_pos, (rows,), generator=g)
     slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
     if skip_every:
@@ -85,11 +86,12 @@ def make_case(
     skipped = (slots < 0) | ((positions[:num_tokens] + 1) % compress_ratio != 0)
     k_pre[:num_tokens][skipped.to(device)] = float("nan")
     k_pre[num_tokens:] = float("nan")
-    angles = torch.rand(max_pos, 32, generator=g) * 6.3
+    pairs = layout.ROPE_DIM // 2
+    angles = torch.rand(max_pos, pairs, generator=g) * 6.3
     cs_store = torch.randn(max_pos, cos_sin_row_stride, generator=g)
-    cs_store[:, :32], cs_store[:, 32:64] = angles.cos(), angles.sin()
-    cos_sin = cs_store.to(cos_sin_dtype).to(device)[:, :64]
-    weight = (1 + 0.2 * torch.randn(128, generator=g)).to(weight_dtype)
+    cs_store[:, :pairs], cs_store[:, pairs:2 * pairs] = angles.cos(), angles.sin()
+    cos_sin = cs_store.to(cos_sin_dtype).to(device)[:, :layout.ROPE_DIM]
+    weight = (1 + 0.2 * torch.randn(layout.HEAD_DIM, generator=g)).to(weight_dtype)
     row = ik.cache_row_bytes(use_fp4_cache)
     return StoreCase(
         k_pre=k_pre, positions=positions.to(index_dtype).to(device),

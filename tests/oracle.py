@@ -2,7 +2,11 @@
 
 It shares no code with the package: numpy scalars, brute-force nearest-code search for
 the quantizers, ``math.log2`` for the exponents and the page offsets typed again from
-the contract. Slow; meant for small cases.
+the contract (aiter's MXFP4 page order from its description: runs of ``n`` tokens, each
+storing ``[chunk of d bytes, token, byte]`` and ``[scale % lanes, token, scale // lanes]``).
+Keys in float32 or float16 are rounded to bf16 first; a key with a value that is not
+finite after the norm and the rotation is stored as zero codes with NaN scales. Slow;
+meant for small cases.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, bits.astype(np.uint32).view(np.float32))
 
 
 def _e4m3_table() -> list[tuple[float, int]]:
@@ -47,7 +52,7 @@ def e2m1_code(v: float) -> int:
 
 
 def key_of_token(k_row, cos_sin_row, weight, eps) -> np.ndarray:
-    k = np.asarray(k_row, dtype=np.float32)
+    k = bf16_round(np.asarray(k_row, dtype=np.float32))
     sq = k * k
     while sq.size > 1:
         sq = sq[0::2] + sq[1::2]
@@ -85,7 +90,8 @@ def quantize_mxfp4(key: np.ndarray) -> tuple[list[int], list[int]]:
     return packed, scales
 
 
-def offsets(p: int, block_size: int, fp4: bool, shuffle: bool, n: int):
+def offsets(p: int, block_size: int, fp4: bool, shuffle: bool, n: int, d_chunk: int = 16,
+            lanes: int | None = None):
     vb = 64 if fp4 else 128
     if not shuffle or block_size == 1:
         vals = [p * vb + d for d in range(vb)]
@@ -94,16 +100,30 @@ def offsets(p: int, block_size: int, fp4: bool, shuffle: bool, n: int):
         vals = [(p // 16) * 16 * vb + (d // 16) * 256 + (p % 16) * 16 + d % 16 for d in range(vb)]
         scs = [block_size * vb + 4 * p + i for i in range(4)]
     else:
-        g, lane, s_lo = p // n, p % n, 64 // n
-        s_hi = 4 // s_lo
-        vals = [g * n * 64 + (d // 16) * n * 16 + lane * 16 + d % 16 for d in range(64)]
-        scs = [block_size * 64 + g * n * 4 + (i % s_lo) * n * s_hi + lane * s_hi + i // s_lo
+        # Run g of n tokens holds n * 64 value bytes as [chunk][token][byte in chunk], then
+        # (in the scale region) n * 4 scale bytes as [i % lanes][token][i // lanes].
+        lanes = 64 // n if lanes is None else lanes
+        g, t = p // n, p % n
+        per_lane = 4 // lanes
+        vals = [g * n * 64 + (d // d_chunk) * (n * d_chunk) + t * d_chunk + d % d_chunk
+                for d in range(64)]
+        scs = [block_size * 64 + g * n * 4 + (i % lanes) * (n * per_lane) + t * per_lane + i // lanes
                for i in range(4)]
     return vals, scs
 
 
+def poisoned_bytes(fp4: bool, mx_scales: bool) -> tuple[list[int], list[int]]:
+    """A key with a NaN or an infinity: zero codes, NaN scales."""
+    if fp4 or mx_scales:
+        scales = [0xFF] * 4  # the UE8M0 NaN
+    else:
+        scales = list(np.array([0x7FC00000], dtype="<u4").view(np.uint8))  # the fp32 NaN
+    return [0] * (64 if fp4 else 128), scales
+
+
 def store(pages: np.ndarray, page_stride: int, block_size: int, k_pre, positions, cos_sin, weight,
-          eps, slots, compress_ratio, fp4, mx_scales=False, shuffle=False, n=0) -> None:
+          eps, slots, compress_ratio, fp4, mx_scales=False, shuffle=False, n=0, d_chunk=16,
+          lanes=None) -> None:
     """Write into ``pages``, a flat uint8 numpy array of all page bytes."""
     num_blocks = (pages.size + page_stride - 1) // page_stride
     for t in range(len(slots)):
@@ -113,9 +133,13 @@ def store(pages: np.ndarray, page_stride: int, block_size: int, k_pre, positions
             continue
         if gp >= len(cos_sin):
             continue
-        key = key_of_token(k_pre[t], cos_sin[gp], weight, eps)
-        vals, scs = quantize_mxfp4(key) if fp4 else quantize_fp8(key, mx_scales)
-        val_at, sc_at = offsets(s % block_size, block_size, fp4, shuffle, n)
+        with np.errstate(over="ignore", invalid="ignore"):
+            key = key_of_token(k_pre[t], cos_sin[gp], weight, eps)
+        if not np.isfinite(key).all():
+            vals, scs = poisoned_bytes(fp4, mx_scales)
+        else:
+            vals, scs = quantize_mxfp4(key) if fp4 else quantize_fp8(key, mx_scales)
+        val_at, sc_at = offsets(s % block_size, block_size, fp4, shuffle, n, d_chunk, lanes)
         base = (s // block_size) * page_stride
         for o, b in zip(val_at, vals, strict=True):
             pages[base + o] = b

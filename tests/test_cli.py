@@ -7,7 +7,7 @@ import json
 import torch
 
 from indexer_kcache import __main__ as cli
-from indexer_kcache import bench, demo
+from indexer_kcache import bench, demo, layout
 
 
 def test_usage_without_a_command(capsys):
@@ -36,8 +36,14 @@ def test_cpu_bench_sweep_writes_json_and_table(tmp_path):
 def test_minimal_bytes_count():
     inputs = bench.make_inputs(64, "fp8", 2, "cpu")
     written = int(((inputs["positions"] + 1) % 2 == 0).sum())
-    assert bench.minimal_store_bytes(inputs) == 16 * 64 + written * (256 + 256 + 132)
+    key_row, cos_sin_row = 2 * layout.HEAD_DIM, 4 * layout.ROPE_DIM  # bf16 keys, fp32 cos/sin
+    assert bench.minimal_store_bytes(inputs) == 16 * 64 + written * (
+        key_row + cos_sin_row + layout.cache_row_bytes(False))
     assert inputs["k_pre"].dtype == torch.bfloat16
+    inputs = bench.make_inputs(64, "mxfp4", 1, "cpu", k_pre_dtype=torch.float32)
+    assert inputs["k_pre"].dtype == torch.float32
+    assert bench.minimal_store_bytes(inputs) == 16 * 64 + 64 * (
+        2 * key_row + cos_sin_row + layout.cache_row_bytes(True))
 
 
 def test_logits_and_topk_tables_and_plots(tmp_path):

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 import indexer_kcache as ik
+from indexer_kcache import layout
 
 from .cases import DEVICE, make_case, pages
 
+ROW = layout.cache_row_bytes(False)  # an FP8 cache's row
 ARG_NAMES = ["k_pre", "positions", "cos_sin_cache", "rms_norm_weight", "rms_norm_eps", "k_cache",
              "kv_slot_mapping", "compress_ratio", "use_fp4_cache"]
 
@@ -26,15 +28,17 @@ def bad_calls():
     t = torch.tensor
     return [
         ("k_pre-dtype", TypeError, "k_pre",
-         lambda c, k: dict(k_pre=c.k_pre.float())),
+         lambda c, k: dict(k_pre=c.k_pre.double())),
         ("k_pre-width", ValueError, "k_pre",
-         lambda c, k: dict(k_pre=torch.zeros(40, 64, dtype=torch.bfloat16, device=DEVICE))),
+         lambda c, k: dict(k_pre=torch.zeros(40, layout.HEAD_DIM // 2, dtype=torch.bfloat16,
+                                            device=DEVICE))),
         ("k_pre-stride1", ValueError, "k_pre.stride(1)",
-         lambda c, k: dict(k_pre=torch.zeros(128, 40, dtype=torch.bfloat16, device=DEVICE).t())),
+         lambda c, k: dict(k_pre=torch.zeros(layout.HEAD_DIM, 40, dtype=torch.bfloat16,
+                                            device=DEVICE).t())),
         ("k_pre-short", ValueError, "k_pre.shape[0]",
          lambda c, k: dict(k_pre=c.k_pre[:3])),
         ("k_pre-not-tensor", TypeError, "k_pre",
-         lambda c, k: dict(k_pre=[1.0] * 128)),
+         lambda c, k: dict(k_pre=[1.0] * layout.HEAD_DIM)),
         ("positions-dtype", TypeError, "positions",
          lambda c, k: dict(positions=c.positions.float())),
         ("positions-short", ValueError, "positions",
@@ -44,11 +48,11 @@ def bad_calls():
         ("cos_sin-dtype", TypeError, "cos_sin_cache",
          lambda c, k: dict(cos_sin_cache=c.cos_sin_cache.double())),
         ("cos_sin-width", ValueError, "cos_sin_cache",
-         lambda c, k: dict(cos_sin_cache=torch.zeros(300, 128, device=DEVICE))),
+         lambda c, k: dict(cos_sin_cache=torch.zeros(300, 2 * layout.ROPE_DIM, device=DEVICE))),
         ("weight-dtype", TypeError, "rms_norm_weight",
          lambda c, k: dict(rms_norm_weight=c.weight.to(torch.int32))),
         ("weight-shape", ValueError, "rms_norm_weight",
-         lambda c, k: dict(rms_norm_weight=torch.ones(64, device=DEVICE))),
+         lambda c, k: dict(rms_norm_weight=torch.ones(layout.HEAD_DIM // 2, device=DEVICE))),
         ("eps-type", TypeError, "rms_norm_eps",
          lambda c, k: dict(rms_norm_eps="1e-6")),
         ("cache-dtype", TypeError, "k_cache",
@@ -56,14 +60,14 @@ def bad_calls():
         ("cache-2d", ValueError, "k_cache",
          lambda c, k: dict(k_cache=k[0])),
         ("cache-row-bytes", ValueError, "k_cache.shape[2]",
-         lambda c, k: dict(k_cache=k[:, :, :128])),
+         lambda c, k: dict(k_cache=k[:, :, :layout.FP8_VALUE_BYTES])),
         ("cache-fp4-row-bytes", ValueError, "k_cache.shape[2]",
          lambda c, k: dict(use_fp4_cache=True)),
         ("cache-row-stride", ValueError, "k_cache.stride",
-         lambda c, k: dict(k_cache=torch.zeros(4, 16 * 136, dtype=torch.uint8, device=DEVICE)
-                           .as_strided((4, 16, 132), (16 * 136, 136, 1)))),
+         lambda c, k: dict(k_cache=torch.zeros(4, 16 * (ROW + 4), dtype=torch.uint8, device=DEVICE)
+                           .as_strided((4, 16, ROW), (16 * (ROW + 4), ROW + 4, 1)))),
         ("cache-page-stride", ValueError, "k_cache.stride(0)",
-         lambda c, k: dict(k_cache=k.as_strided(k.shape, (100, 132, 1)))),
+         lambda c, k: dict(k_cache=k.as_strided(k.shape, (100, ROW, 1)))),
         ("slots-dtype", TypeError, "kv_slot_mapping",
          lambda c, k: dict(kv_slot_mapping=c.slots.float())),
         ("slots-stride", ValueError, "kv_slot_mapping.stride(0)",

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexer_kcache import reference
+from indexer_kcache import layout, reference
 from indexer_kcache.kernels import numerics
 
 from .cases import DEVICE
@@ -27,9 +27,9 @@ def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.c
     elif OP == 3:
         y = numerics.e2m1_code(x, EXACT)
     elif OP == 6:
-        y = numerics.ceil_log2_of_ratio(tl.maximum(x, numerics.FP8_AMAX_FLOOR), 448.0)
+        y = numerics.ceil_log2_of_ratio(tl.maximum(x, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
     elif OP == 7:
-        y = numerics.ceil_log2_of_ratio(tl.maximum(x, numerics.MXFP4_AMAX_FLOOR), 6.0)
+        y = numerics.ceil_log2_of_ratio(tl.maximum(x, layout.MXFP4_AMAX_FLOOR), layout.MXFP4_MAX)
     else:
         y = numerics.e2m1_to_float(x)
     tl.store(out_ptr + offs, y, mask=mask)
@@ -163,14 +163,15 @@ def test_reference_ceil_log2_from_bits():
     assert torch.equal(reference.ceil_log2(x), torch.ceil(torch.log2(x.double())).int())
 
 
-@pytest.mark.parametrize("limit", [448.0, 6.0], ids=["fp8", "mxfp4"])
-def test_scale_exponent_without_division_on_every_bf16_amax(limit):
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "mxfp4"])
+def test_scale_exponent_without_division_on_every_bf16_amax(fp8):
     """The kernel's division-free exponent equals ceil(log2(fl(amax / limit))) for every
     amax that can occur: each positive finite bf16 value, and the floors."""
     bits = torch.arange(1, 0x7F80, dtype=torch.int32).to(torch.int16)
     amax = bits.view(torch.bfloat16).float()
-    floor = reference.FP8_AMAX_FLOOR if limit == 448.0 else reference.MXFP4_AMAX_FLOOR
+    limit = layout.FP8_MAX if fp8 else layout.MXFP4_MAX
+    floor = layout.FP8_AMAX_FLOOR if fp8 else layout.MXFP4_AMAX_FLOOR
     amax = torch.cat([amax, torch.tensor([floor])]).clamp_min(floor)
     want = reference.ceil_log2((amax.double() / limit).float())
-    got = apply(6 if limit == 448.0 else 7, amax, torch.int32)
+    got = apply(6 if fp8 else 7, amax, torch.int32)
     assert torch.equal(got, want)

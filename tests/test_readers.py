@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import indexer_kcache as ik
-from indexer_kcache import reference
+from indexer_kcache import layout, reference
 
 from .cases import DEVICE, make_case, pages
 from .test_store import FORMAT_LAYOUTS, FORMATS, LAYOUTS
@@ -55,7 +55,7 @@ def test_dequantize_equals_decoded_reference(fmt, layout_name, backend):
     got = ik.dequantize_indexer_k(cache, case.slots, case.use_fp4_cache, mx_scales=mx,
                                   backend=backend, **options)
     want = reference.dequantize(values, scales, case.use_fp4_cache, mx)
-    assert got.dtype == torch.float32 and got.shape == (case.slots.numel(), 128)
+    assert got.dtype == torch.float32 and got.shape == (case.slots.numel(), layout.HEAD_DIM)
     assert torch.equal(got, want)
 
 

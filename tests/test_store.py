@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 from triton import knobs
 
 import indexer_kcache as ik
-from indexer_kcache import reference
+from indexer_kcache import layout, reference
 
 from . import oracle
 from .cases import SENTINEL, make_case, pages
 
-# (format, mx_scales) and the layouts each format has: (shuffle, mxfp4_n_per_tile).
-FORMATS = {"fp8": (False, False), "fp8-mx": (False, True), "mxfp4": (True, False)}
+# (use_fp4_cache, mx_scales) by format name, and the layouts each format has: (shuffle,
+# mxfp4_n_per_tile) (vLLM's MXFP4 orders: aiter's others are tested in test_store_parity).
+FORMATS = layout.FORMATS
 LAYOUTS = {
     "fp8": {"row-major": (False, 0), "tiled": (True, 0)},
     "fp8-mx": {"row-major": (False, 0), "tiled": (True, 0)},
@@ -97,7 +98,8 @@ def test_extreme_values_match_oracle(fp4):
     """Zeros, signed zeros, tiny and huge values, over 16 binades (exact ties and carries
     of each conversion are covered by test_numerics)."""
     case = make_case(16, use_fp4_cache=fp4, block_size=16, num_blocks=1, skip_every=0)
-    k = EDGES.repeat(8)[torch.randperm(128)].view(1, 128) * torch.exp2(torch.arange(16.0))[:, None]
+    k = (EDGES.repeat(8)[torch.randperm(layout.HEAD_DIM)].view(1, layout.HEAD_DIM)
+         * torch.exp2(torch.arange(16.0))[:, None])
     case.k_pre[:16] = k.to(torch.bfloat16).to(case.k_pre.device)
     case.weight.fill_(1.0)
     want = oracle_pages(case)
@@ -192,7 +194,7 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
                      skip_every=0)
     for positions in (torch.arange(45) + start + 10, 2 * torch.arange(45) + 1):
         case.positions[:45] = positions.to(case.positions)
-        case.k_pre[:45] = torch.randn(45, 128, device=case.k_pre.device).to(torch.bfloat16)
+        case.k_pre[:45] = torch.randn(45, layout.HEAD_DIM, device=case.k_pre.device).to(torch.bfloat16)
         want = run_store(case, "reference")
         got = run_store(case, "triton")
         assert_same_bytes(got, want, "triton vs reference")
@@ -201,13 +203,17 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
 GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False)
                        for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)
                        for fp4 in (False, True)}
-                      | {(32, 2, True, 0), (32, 4, True, 0), (32, 2, False, 0), (32, 4, False, 0)})
+                      | {(32, 2, True, 0, False, 1), (32, 4, True, 0, False, 1),
+                         (32, 2, False, 0, False, 1), (32, 4, False, 0, False, 1),
+                         # compaction: one range, several, a wide program
+                         (16, 2, False, 96, True, 1), (8, 1, False, 0, True, 3),
+                         (32, 4, False, 0, True, 2)})
 
 
 def _setting_id(setting):
-    block_t, warps, eager, max_registers = setting
-    return f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(
-        max_registers)
+    block_t, warps, eager, max_registers, compact, ranges = setting
+    return (f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(max_registers)
+            + f"-compact{ranges}" * compact)
 
 
 @pytest.mark.parametrize("page_pad", [24, 0], ids=["padded-pages", "packed-pages"])
@@ -215,10 +221,10 @@ def _setting_id(setting):
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 @pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
 def test_every_gpu_launch_setting(fp4, compress_ratio, setting, page_pad):
-    """Each (tokens per program, warps, eager loads, register cap) the GPU launcher picks,
-    and others it picked before, whatever the machine running the tests (the interpreter
-    would otherwise use one setting only). Page strides that are and are not multiples of
-    16 bytes compile to different programs."""
+    """Each (tokens per program, warps, eager loads, register cap, compaction, ranges) the
+    GPU launcher picks, and others it picked before or may pick, whatever the machine running
+    the tests (the interpreter would otherwise use one setting only). Page strides that are
+    and are not multiples of 16 bytes compile to different programs."""
     case = make_case(37, use_fp4_cache=fp4, compress_ratio=compress_ratio, block_size=16,
                      num_blocks=5, page_pad=page_pad)
     want = run_store(case, "reference")
@@ -240,7 +246,7 @@ def test_launched_settings_at_their_sizes(fp4, compress_ratio, tokens):
                          block_size=64, max_pos=2 * tokens, page_pad=24 * (seed % 2),
                          generator=g)
         if seed >= 4:  # rows of edge values (ties, zeros, extremes) over many binades
-            k = EDGES[torch.randint(0, len(EDGES), (tokens, 128), generator=g)]
+            k = EDGES[torch.randint(0, len(EDGES), (tokens, layout.HEAD_DIM), generator=g)]
             k *= torch.exp2(torch.randint(-40, 40, (tokens, 1), generator=g).float())
             case.k_pre[:tokens] = k.to(torch.bfloat16).to(case.k_pre.device)
         want = run_store(case, "reference")

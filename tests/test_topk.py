@@ -118,12 +118,22 @@ def check(logits, k, lengths=None, settings=None, buffers=None) -> None:
     assert torch.equal(got.cpu(), want), f"seed {SEED}"
 
 
-def small_split_settings(k, cols, **changes) -> topk.TopKSettings:
+# How the long-row path finishes: radix passes streamed over the candidates, the count
+# search on the candidates in registers, or torch.sort of the candidates.
+METHODS = ["radix", "count", "torch-sort"]
+
+
+def small_split_settings(k, cols, method="radix", **changes) -> topk.TopKSettings:
     """The long-row path at interpreter sizes: a small sample and small steps."""
     sort_block = max(1 << max(min(k, cols) - 1, 0).bit_length(), 32)
+    capacity = max(8 * sort_block, 256)
     base = topk.TopKSettings(splits=3, step=256, filter_warps=4, sample_block=256,
-                             capacity=max(8 * sort_block, 256), select_block=512,
-                             select_warps=4, radix_bits=4, sort_block=sort_block)
+                             capacity=capacity, select_block=512, select_warps=4, radix_bits=4,
+                             sort_block=sort_block)
+    if method == "count":
+        base = base._replace(count_search=True, select_block=capacity)
+    elif method == "torch-sort":
+        base = base._replace(torch_sort=True)
     return base._replace(**changes)
 
 
@@ -201,6 +211,26 @@ def test_chunked_direct_rows():
     check(logits, 100, random_lengths(3, 1500, g), settings)
 
 
+@pytest.mark.parametrize("count_search", [True, False], ids=["count", "radix"])
+@pytest.mark.parametrize("kind", ["few-distinct", "all-equal", "signed-zeros", "specials"])
+def test_direct_rows_both_searches(kind, count_search):
+    """A short row in registers, searched by counting (ties decided on the column bits)
+    or by radix passes."""
+    g = generator(12)
+    logits = make_logits(kind, 3, 700, torch.float32, seed=12)
+    settings = topk.topk_settings(3, 700, 90)._replace(count_search=count_search)
+    assert settings.splits == 0
+    check(logits, 90, random_lengths(3, 700, g), settings)
+
+
+def test_count_search_ties_at_the_threshold():
+    """The k-th value repeated across the row: the tie passes pick the lowest columns."""
+    logits = torch.randn(2, 1000)
+    logits[:, 100::3] = 1.5  # the k-th largest is 1.5, shared by many columns
+    logits[0, 999] = 1.5
+    check(logits.to(DEVICE), 64)
+
+
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "no-compact"])
 @pytest.mark.parametrize("radix_bits", [4, 8])
 @pytest.mark.parametrize("kind", ["normal", "few-distinct", "signed-zeros"])
@@ -212,37 +242,61 @@ def test_radix_digit_widths(kind, radix_bits, compact):
 
 
 # ----------------------------------------------------------------------------- long rows
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "magnitudes", "specials"])
-def test_long_rows_through_candidates(kind, dtype):
+def test_long_rows_through_candidates(kind, dtype, method):
     g = generator(6)
     cols, k = 3000, 100
     logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=6)
     lengths = torch.tensor([cols, 2000, 2999], dtype=torch.int32, device=DEVICE)
     buffers = {}
-    settings = small_split_settings(k, cols)
+    settings = small_split_settings(k, cols, method)
     check(logits, k, lengths, settings, buffers)
     counts = buffers["cand_count"].cpu()
     assert ((counts >= k) & (counts <= settings.capacity)).all(), counts  # no fallback
     check(logits, k, random_lengths(3, cols, g), settings)
 
 
-def test_long_rows_overflowing_the_candidates():
+@pytest.mark.parametrize("method", METHODS)
+def test_long_rows_overflowing_the_candidates(method):
     """Rows of equal values: every column reaches the threshold; the select kernel reads
     the row itself."""
     cols, k = 3000, 100
     logits = make_logits("all-equal", 2, cols, torch.float32)
     buffers = {}
-    settings = small_split_settings(k, cols)
+    settings = small_split_settings(k, cols, method)
     check(logits, k, None, settings, buffers)
     assert (buffers["cand_count"].cpu() > settings.capacity).all()
 
 
-def test_long_rows_whose_sample_misleads():
+@pytest.mark.parametrize("method", METHODS)
+def test_long_rows_of_few_values(method):
+    """Long runs of ties among the candidates (or past the capacity): exact either way."""
+    g = generator(13)
+    cols, k = 2500, 150
+    logits = make_logits("few-distinct", 3, cols, torch.float32, seed=13)
+    check(logits, k, random_lengths(3, cols, g), small_split_settings(k, cols, method))
+
+
+def test_count_search_candidates_past_the_register_block():
+    """Candidates that fit the buffer but not the select kernel's register block are
+    selected by the streamed radix passes."""
+    cols, k = 3000, 100
+    logits = make_logits("normal", 2, cols, torch.float32, seed=14)
+    settings = small_split_settings(k, cols, "count", select_block=128)
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    counts = buffers["cand_count"].cpu()
+    assert ((counts > settings.select_block) & (counts <= settings.capacity)).all(), counts
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_long_rows_whose_sample_misleads(method):
     """The sample sees only large values, the row has few: fewer candidates than k, so
     the select kernel reads the row itself."""
     cols, k = 3000, 300
-    settings = small_split_settings(k, cols, sample_block=64)
+    settings = small_split_settings(k, cols, method, sample_block=64)
     logits = make_logits("normal", 2, cols, torch.float32)
     stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
     stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
@@ -259,11 +313,12 @@ def test_k_2048_short_rows():
     check(logits, 2048, random_lengths(2, 2600, g))
 
 
-def test_k_2048_long_rows():
+@pytest.mark.parametrize("method", METHODS)
+def test_k_2048_long_rows(method):
     cols = 6000
     logits = make_logits("normal", 1, cols, torch.float32, seed=9)
-    settings = small_split_settings(2048, cols, sample_block=1024, step=1024,
-                                    select_block=4096)
+    settings = small_split_settings(2048, cols, method, sample_block=1024, step=1024,
+                                    select_block=4096 if method != "count" else 16384)
     buffers = {}
     check(logits, 2048, None, settings, buffers)
     assert 2048 <= int(buffers["cand_count"][0]) <= settings.capacity
@@ -275,6 +330,22 @@ def test_default_settings_long_rows():
     logits = make_logits("normal", 1, cols, torch.float32, seed=10)
     assert topk.topk_settings(1, cols, 16).splits > 0 or DEVICE != "cpu"
     check(logits, 16)
+
+
+@pytest.mark.parametrize("rows, cols, k", [(1, 131072, 2048), (64, 65536, 2048),
+                                           (512, 8192, 2048), (4, 300000, 64),
+                                           (2, 20000, 16384)])
+def test_gpu_settings_are_consistent(rows, cols, k):
+    """The settings chosen for the GPU: candidates searched in registers fit the select
+    block, filter programs cover the row, the sort block covers min(k, cols)."""
+    s = topk.topk_settings(rows, cols, k, interpreted=False)
+    assert s.sort_block >= min(k, cols) and s.sort_block & (s.sort_block - 1) == 0
+    if s.splits == 0:
+        assert s.select_block >= cols and s.count_search
+    else:
+        assert s.splits * s.step >= cols and s.capacity >= 2 * min(k, cols)
+        assert not s.count_search or s.capacity <= s.select_block
+        assert s.sample_block & (s.sample_block - 1) == 0
 
 
 def test_repeated_calls_agree():

@@ -80,11 +80,23 @@ def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
                    k_cache.stride(0))
 
 
+def check_int(name: str, value: object, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        fail_type(name, "an int" + (" or None" if allow_none else ""), type(value).__name__)
+
+
 def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
-                   mxfp4_n_per_tile: int, device: torch.device) -> tuple[int, int]:
-    """(layout code, tile N) for the arguments, after checking they define a layout."""
-    if not isinstance(mxfp4_n_per_tile, int) or isinstance(mxfp4_n_per_tile, bool):
-        fail_type("mxfp4_n_per_tile", "an int", type(mxfp4_n_per_tile).__name__)
+                   mxfp4_n_per_tile: int, device: torch.device,
+                   mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+                   mxfp4_scale_lanes: int | None = None) -> tuple[int, int, int, int]:
+    """(layout code, n_per_tile, d_per_tile, scale_lanes) for the arguments, after checking
+    they define a layout. The three MXFP4 preshuffle numbers are 0 for the other layouts,
+    which ignore them (their types are checked all the same)."""
+    check_int("mxfp4_n_per_tile", mxfp4_n_per_tile)
+    check_int("mxfp4_d_per_tile", mxfp4_d_per_tile)
+    check_int("mxfp4_scale_lanes", mxfp4_scale_lanes, allow_none=True)
     check_flag("shuffle", shuffle, allow_none=True)
     if shuffle is None:
         shuffle = default_shuffle(device, block_size)
@@ -94,17 +106,30 @@ def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
                    f"a multiple of {layout.TILE_TOKENS} for the tiled FP8 layout (shuffle=True)",
                    block_size)
     if code != layout.MXFP4_PRESHUFFLE:
-        return code, 0
-    if mxfp4_n_per_tile == 0:
+        return code, 0, 0, 0
+    n = mxfp4_n_per_tile
+    if n == 0:
         raise NotImplementedError(
             "mxfp4_n_per_tile: the MXFP4 shuffled (ROCm) layout needs the MQA-logits kernel's "
-            f"tile N, one of {layout.MXFP4_TILE_CHOICES}; got 0"
+            f"tile N, a divisor of block_size = {block_size} (one of {layout.MXFP4_TILE_CHOICES} "
+            "for the default mxfp4_scale_lanes); got 0"
         )
-    if mxfp4_n_per_tile not in layout.MXFP4_TILE_CHOICES or block_size % mxfp4_n_per_tile:
-        fail_value("mxfp4_n_per_tile",
-                   f"one of {layout.MXFP4_TILE_CHOICES} dividing block_size = {block_size}",
-                   mxfp4_n_per_tile)
-    return code, mxfp4_n_per_tile
+    if n < 0 or block_size % n:
+        fail_value("mxfp4_n_per_tile", f"a positive divisor of block_size = {block_size}", n)
+    if mxfp4_d_per_tile < 1 or layout.MXFP4_VALUE_BYTES % mxfp4_d_per_tile:
+        fail_value("mxfp4_d_per_tile",
+                   f"a divisor of {layout.MXFP4_VALUE_BYTES} (the value bytes of an MXFP4 key)",
+                   mxfp4_d_per_tile)
+    lanes = mxfp4_scale_lanes
+    if lanes is None:
+        lanes = layout.default_scale_lanes(n)
+        got = f"None, whose default {layout.ROCM_WAVEFRONT} // mxfp4_n_per_tile = {lanes} is not one"
+    else:
+        got = lanes
+    if lanes < 1 or layout.SCALE_BYTES % lanes:
+        fail_value("mxfp4_scale_lanes",
+                   f"a divisor of {layout.SCALE_BYTES} (with mxfp4_n_per_tile = {n})", got)
+    return code, n, mxfp4_d_per_tile, lanes
 
 
 def default_shuffle(device: torch.device, block_size: int) -> bool:

@@ -225,8 +225,8 @@ def check_logits(call) -> LogitsPlan:
     checks.check_same_device("k_cache", cache, **tensors)
 
     device = cache.device
-    layout_code, n_per_tile = checks.resolve_layout(use_fp4_cache, call.shuffle, block_size,
-                                                    call.mxfp4_n_per_tile, device)
+    layout_code, n_per_tile, _, _ = checks.resolve_layout(use_fp4_cache, call.shuffle, block_size,
+                                                          call.mxfp4_n_per_tile, device)
     backend = checks.resolve_backend(call.backend, device)
     mx_scales = checks.default_mx_scales(device) if call.mx_scales is None else call.mx_scales
     max_blocks = block_table.shape[1]

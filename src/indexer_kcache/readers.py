@@ -6,7 +6,8 @@
 
 Out-of-range slots raise ``IndexError`` (a host-side check, one synchronisation). With
 ``check_bounds=False`` nothing synchronises, and such rows come back as zeros; nothing
-is ever read outside the cache.
+is ever read outside the cache. The layout options (``shuffle``, ``mxfp4_n_per_tile``,
+``mxfp4_d_per_tile``, ``mxfp4_scale_lanes``) mean what they mean for the store.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ReaderPlan:
     backend: str
     use_fp4_cache: bool
     layout: int
-    n_per_tile: int
+    tile: tuple[int, int, int]  # the MXFP4 preshuffle order: (n_per_tile, d_per_tile, lanes)
     mx_scales: bool  # dequantize FP8 with four UE8M0 scale bytes
     check_bounds: bool
     block_size: int
@@ -55,8 +56,9 @@ def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: b
     k_cache = call.k_cache
     checks.check_k_cache(k_cache, call.use_fp4_cache)
     num_blocks, block_size, _ = k_cache.shape
-    layout_code, n_per_tile = checks.resolve_layout(call.use_fp4_cache, call.shuffle, block_size,
-                                                    call.mxfp4_n_per_tile, k_cache.device)
+    layout_code, *tile = checks.resolve_layout(
+        call.use_fp4_cache, call.shuffle, block_size, call.mxfp4_n_per_tile, k_cache.device,
+        call.mxfp4_d_per_tile, call.mxfp4_scale_lanes)
     for name in index_names:
         checks.check_dtype(name, getattr(call, name), checks.INDEX_DTYPES)
     checks.check_same_device("k_cache", k_cache, **{n: getattr(call, n) for n in index_names})
@@ -78,13 +80,14 @@ def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: b
         block_table_row_stride=block_table.stride(0) if by_blocks else 0,
         block_table_cols=block_table.shape[1] if by_blocks else 0,
         USE_FP4=call.use_fp4_cache, MX_SCALES=mx_scales, LAYOUT=layout_code,
-        N_PER_TILE=n_per_tile, BLOCK_SIZE=block_size, BY_BLOCKS=by_blocks,
+        N_PER_TILE=tile[0], D_PER_TILE=tile[1], SCALE_LANES=tile[2], BLOCK_SIZE=block_size,
+        BY_BLOCKS=by_blocks,
         DEQUANTIZE=dequantize, BLOCK_R=BLOCK_R)
     return ReaderPlan(
         backend=checks.resolve_backend(call.backend, k_cache.device),
         use_fp4_cache=call.use_fp4_cache,
         layout=layout_code,
-        n_per_tile=n_per_tile,
+        tile=tuple(tile),
         mx_scales=mx_scales,
         check_bounds=call.check_bounds,
         block_size=block_size,
@@ -135,7 +138,7 @@ def _new_rows(k_cache: torch.Tensor, num_rows: int, use_fp4_cache: bool
 def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
-        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, plan.n_per_tile)
+        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
     num_rows = slots.shape[0]
@@ -150,7 +153,7 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
         values, scales = reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout,
-                                          plan.n_per_tile)
+                                          *plan.tile)
         return reference.dequantize(values, scales, plan.use_fp4_cache, plan.mx_scales)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
@@ -167,7 +170,7 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
     k_cache, block_table, cu_seq_lens = call.k_cache, call.block_table, call.cu_seq_lens
     if plan.backend == "reference":
         slots = reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size)
-        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, plan.n_per_tile)
+        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile)
     cu = cu_seq_lens.long().cpu()  # the output's size: one synchronisation
     lengths = cu[1:] - cu[:-1]
     if lengths.numel() and int(lengths.min()) < 0:
@@ -211,6 +214,8 @@ def gather_indexer_k(
     mxfp4_n_per_tile: int = 0,
     backend: str | None = None,
     check_bounds: bool = True,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The stored bytes of ``slots`` (any order, repeats allowed), token-major.
 
@@ -231,6 +236,8 @@ def gather_indexer_k_by_blocks(
     mxfp4_n_per_tile: int = 0,
     backend: str | None = None,
     check_bounds: bool = True,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole sequences: token ``i`` of sequence ``b`` (slot ``block_table[b, i // block_size] *
     block_size + i % block_size``) lands in row ``cu_seq_lens[b] + i``. The rows' count is
@@ -249,5 +256,7 @@ def dequantize_indexer_k(
     mxfp4_n_per_tile: int = 0,
     backend: str | None = None,
     check_bounds: bool = True,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> torch.Tensor:
     """The stored keys of ``slots`` as float32 ``[n, 128]`` (codes times their scales)."""

@@ -13,10 +13,10 @@ from .checks import fail_type, fail_value
 from .kernels import INTERPRETED, indexer_k_store_kernel
 from .launcher import Kernel, KernelLaunch, declare_op, tunable
 
-K_PRE_DTYPES = (torch.bfloat16,)
+# float32 / float16 keys are rounded to bf16 as the kernel loads them.
+K_PRE_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
-ROPE_DIM = 64
 
 STORE_KERNEL = Kernel(indexer_k_store_kernel)
 
@@ -31,7 +31,9 @@ class StorePlan:
     use_fp4_cache: bool
     mx_scales: bool
     layout: int
-    n_per_tile: int
+    n_per_tile: int  # the MXFP4 preshuffle order's three numbers (0 for other layouts)
+    d_per_tile: int
+    scale_lanes: int
     compress_ratio: int
     block_size: int
     check_bounds: bool
@@ -55,6 +57,10 @@ class StoreSettings(NamedTuple):
     num_warps: int
     eager_loads: bool  # load key rows with the slots and positions (latency-bound sizes)
     max_registers: int  # a cap per thread; 0 = the compiler's choice
+    # Ratio 2: each program walks ``ranges`` ranges of tokens_per_program * 2 tokens and
+    # hands the written ones of each range to its lanes (the kernel's COMPACT, RANGES).
+    compact: bool = False
+    ranges: int = 1
 
 
 def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
@@ -109,9 +115,9 @@ def check_store(call) -> StorePlan:
     checks.check_index_vector("positions", call.positions)
     cos_sin = call.cos_sin_cache
     checks.check_dtype("cos_sin_cache", cos_sin, COS_SIN_DTYPES)
-    if cos_sin.dim() != 2 or cos_sin.shape[1] != ROPE_DIM:
-        fail_value("cos_sin_cache", f"shape [max_pos, {ROPE_DIM}] (32 cos then 32 sin)",
-                   f"shape {tuple(cos_sin.shape)}")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != layout.ROPE_DIM:
+        fail_value("cos_sin_cache", f"shape [max_pos, {layout.ROPE_DIM}] ({layout.ROPE_DIM // 2} "
+                   f"cos then {layout.ROPE_DIM // 2} sin)", f"shape {tuple(cos_sin.shape)}")
     if cos_sin.stride(1) != 1:
         fail_value("cos_sin_cache.stride(1)", "1", cos_sin.stride(1))
     weight = call.rms_norm_weight
@@ -136,8 +142,9 @@ def check_store(call) -> StorePlan:
     check_token_counts(call)
     device = k_cache.device
     num_blocks, block_size, _ = k_cache.shape
-    layout_code, n_per_tile = checks.resolve_layout(call.use_fp4_cache, call.shuffle, block_size,
-                                                    call.mxfp4_n_per_tile, device)
+    layout_code, n_per_tile, d_per_tile, scale_lanes = checks.resolve_layout(
+        call.use_fp4_cache, call.shuffle, block_size, call.mxfp4_n_per_tile, device,
+        call.mxfp4_d_per_tile, call.mxfp4_scale_lanes)
     pdl = pdl_supported(device)
     if call.enable_pdl and not pdl:
         checks.fail_unsupported("enable_pdl", "False or None on this device (PDL needs an "
@@ -150,6 +157,8 @@ def check_store(call) -> StorePlan:
         mx_scales=mx_scales and not call.use_fp4_cache,
         layout=layout_code,
         n_per_tile=n_per_tile,
+        d_per_tile=d_per_tile,
+        scale_lanes=scale_lanes,
         compress_ratio=compress_ratio,
         block_size=block_size,
         check_bounds=call.check_bounds,
@@ -174,7 +183,8 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     Small launches are latency-bound (a token or two per program, key rows loaded with the
     indices); large ones bandwidth-bound (32 tokens per program over several warps). Ratio 2
     takes token pairs, so that the rows of skipped tokens are not read, and needs more
-    programs in flight (a register cap) above 64K tokens.
+    programs in flight (a register cap) above 64K tokens; or compacts each range's written
+    tokens onto the lanes before the encode (``compact``).
     """
     if interpreted:
         return StoreSettings(64, 1, False, 0)  # the interpreter's cost is per program
@@ -218,9 +228,13 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> KernelLaunch:
         MX_SCALES=plan.mx_scales,
         LAYOUT=plan.layout,
         N_PER_TILE=plan.n_per_tile,
+        D_PER_TILE=plan.d_per_tile,
+        SCALE_LANES=plan.scale_lanes,
         BLOCK_SIZE=plan.block_size,
         BLOCK_T=settings.tokens_per_program,
         EAGER_LOADS=settings.eager_loads,
+        COMPACT=settings.compact,
+        RANGES=settings.ranges,
         EXACT_CASTS=plan.exact_casts,
         USE_PDL=plan.pdl,
     )
@@ -237,12 +251,17 @@ def run_store(plan: StorePlan, call) -> None:
         return
     if plan.backend == "reference":
         reference.store(*call[:9], mx_scales=plan.mx_scales, layout_code=plan.layout,
-                        n_per_tile=plan.n_per_tile)
+                        n_per_tile=plan.n_per_tile, d_per_tile=plan.d_per_tile,
+                        scale_lanes=plan.scale_lanes)
         return
     settings = store_settings(num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
     launch = plan.launches.get(settings) or plan.launches.setdefault(
         settings, _store_launch(plan, settings))
-    per_program = settings.tokens_per_program * (1 if settings.eager_loads else plan.compress_ratio)
+    if settings.compact:  # ranges of tokens_per_program * compress_ratio tokens
+        per_program = settings.tokens_per_program * plan.compress_ratio * settings.ranges
+    else:  # pairs with compress_ratio 2, unless the rows are loaded eagerly
+        per_program = settings.tokens_per_program * (
+            1 if settings.eager_loads else plan.compress_ratio)
     launch((-(-num_tokens // per_program),), k_pre_ptr=call.k_pre, positions_ptr=call.positions,
            cos_sin_ptr=call.cos_sin_cache, weight_ptr=call.rms_norm_weight,
            cache_ptr=call.k_cache, slot_ptr=call.kv_slot_mapping, num_tokens=num_tokens)
@@ -267,6 +286,8 @@ def indexer_k_norm_rope_store(
     backend: str | None = None,
     check_bounds: bool = False,
     enable_pdl: bool | None = None,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> None:
     """RMS-norm -> RoPE -> quantize -> paged store of the indexer keys; mutates ``k_cache``.
 
@@ -275,8 +296,14 @@ def indexer_k_norm_rope_store(
     compress_ratio == 0``; slots or group positions out of range are skipped (or, with
     ``check_bounds=True``, reported as ``IndexError`` by a synchronising host check).
 
+    ``k_pre`` may be bf16, float32 or float16: the bytes are those of the same call with
+    ``k_pre.to(torch.bfloat16)``. A written key that is not finite after the norm and the
+    rotation (NaN or infinity in its row of ``k_pre`` or ``cos_sin_cache``, or on the way)
+    is stored poisoned: every value code zero and its scale NaN.
+
     Args:
-        mxfp4_n_per_tile: MFMA N (16, 32, 64) of the ROCm MXFP4 preshuffle layout.
+        mxfp4_n_per_tile: tokens per run of the ROCm MXFP4 preshuffle layout (aiter's
+            ``n_per_tile``, the MQA-logits kernel's MFMA N): a divisor of block_size.
         mx_scales: FP8 scales as four UE8M0 bytes; ``None`` = true on CUDA cc 10.x.
         shuffle: ROCm value layout; ``None`` = true on ROCm when ``block_size > 1``.
         backend: ``"triton"``, ``"reference"`` or ``None`` (Triton on GPUs and under
@@ -286,4 +313,9 @@ def indexer_k_norm_rope_store(
             previous kernel in the stream is still running, and waits for it before reading
             or writing memory; it also lets the next kernel launch early. ``None`` = on for
             NVIDIA GPUs of compute capability 9.0 and newer.
+        mxfp4_d_per_tile: bytes per chunk of a token's 64 value bytes in a run of the
+            preshuffle layout (aiter's ``d_per_tile``): a divisor of 64.
+        mxfp4_scale_lanes: aiter's ``scale_lanes``: a run's scales are stored as ``[scale %
+            scale_lanes, token, scale // scale_lanes]``; a divisor of 4. ``None`` = ``64 //
+            mxfp4_n_per_tile`` (vLLM's order).
     """

@@ -6,7 +6,7 @@ calls, timed with CUDA events; eager time is wall time per call of a plain Pytho
 (host launch cost included), for the store in loops alternating with an empty Triton
 launch's (both medians are recorded, and their ratio shown). Minimal bytes count each
 input read once and each output written once: 16 B per token (position, slot) and, per
-written token, the 256 B key row, the 64 cos/sin values and the stored row.
+written token, the key row (256 B in bf16), the 64 cos/sin values and the stored row.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Record:
 
 
 # ----------------------------------------------------------------------------- inputs
-def make_inputs(tokens: int, fmt: str, compress_ratio: int, device, seed: int = 0) -> dict:
+def make_inputs(tokens: int, fmt: str, compress_ratio: int, device, seed: int = 0,
+                k_pre_dtype: torch.dtype = torch.bfloat16) -> dict:
     """A realistic batch: random keys, consecutive positions from a random start (so that
     ``compress_ratio`` 2 writes half the tokens), whole blocks in scrambled order."""
     g = torch.Generator(device="cpu").manual_seed(seed + tokens)
@@ -55,12 +56,13 @@ def make_inputs(tokens: int, fmt: str, compress_ratio: int, device, seed: int = 
     start = int(torch.randint(0, max_pos - tokens, (1,), generator=g))
     blocks = torch.randperm(num_blocks, generator=g)
     t = torch.arange(tokens)
-    angles = torch.rand(max_pos, 32, generator=g) * 6.3
+    angles = torch.rand(max_pos, layout.ROPE_DIM // 2, generator=g) * 6.3
     return dict(
-        k_pre=(torch.randn(tokens, 128, generator=g) * 2).to(torch.bfloat16).to(device),
+        k_pre=(torch.randn(tokens, layout.HEAD_DIM, generator=g) * 2).to(k_pre_dtype).to(device),
         positions=(start + t).to(device),
         cos_sin_cache=torch.cat([angles.cos(), angles.sin()], 1).to(device),
-        rms_norm_weight=(1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16).to(device),
+        rms_norm_weight=(1 + 0.1 * torch.randn(layout.HEAD_DIM, generator=g)).to(torch.bfloat16)
+        .to(device),
         rms_norm_eps=1e-6,
         k_cache=torch.zeros(num_blocks, BLOCK_SIZE, layout.cache_row_bytes(fp4),
                             dtype=torch.uint8, device=device),
@@ -74,8 +76,9 @@ def minimal_store_bytes(inputs: dict) -> int:
     tokens = inputs["kv_slot_mapping"].numel()
     pos = inputs["positions"][:tokens]
     written = int(((pos + 1) % inputs["compress_ratio"] == 0).sum())
-    cs = inputs["cos_sin_cache"]
-    per_written = 256 + 64 * cs.element_size() + layout.cache_row_bytes(inputs["use_fp4_cache"])
+    key_row = layout.HEAD_DIM * inputs["k_pre"].element_size()
+    cos_sin_row = layout.ROPE_DIM * inputs["cos_sin_cache"].element_size()
+    per_written = key_row + cos_sin_row + layout.cache_row_bytes(inputs["use_fp4_cache"])
     return 16 * tokens + written * per_written
 
 
@@ -144,6 +147,19 @@ def run_gpu(result: dict, tokens=GPU_TOKENS, formats=tuple(FORMATS), ratios=(1, 
         records.append(Record("indexer_kcache", fmt, cr, t, graph_time_us(fn, calls), eager_us,
                               minimal_store_bytes(inputs), graph_us_no_pdl=no_pdl_us,
                               empty_launch_eager_us=empty_us))
+        del inputs, fn
+    # float32 keys (a wk GEMM's accumulator, rounded to bf16 as they are loaded) at the
+    # largest size: twice the key bytes read.
+    float_cases = [(f, cr) for f in formats for cr in ratios] if tokens else []
+    for fmt, cr in progress(float_cases, "float32 keys"):
+        inputs = make_inputs(max(tokens), fmt, cr, device, k_pre_dtype=torch.float32)
+        mx = FORMATS[fmt][1]
+        if not check_store_bytes(inputs, mx):
+            mismatches.append(f"{fmt} cr{cr} {max(tokens)} float32 keys")
+        fn = store_call(inputs, mx)
+        records.append(Record("kcache fp32 keys", fmt, cr, max(tokens),
+                              graph_time_us(fn, calls), eager_time_us(fn, calls, torch.cuda.synchronize),
+                              minimal_store_bytes(inputs)))
         del inputs, fn
     if peers:
         records += run_peers(device, formats, peer_tokens, calls)

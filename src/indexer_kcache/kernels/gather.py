@@ -8,6 +8,7 @@ Rows whose slot is out of range read nothing and come out as zeros.
 import triton
 import triton.language as tl
 
+from .. import layout
 from ..layout import scale_offset_tl, value_offset_tl
 from .numerics import e2m1_to_float, e4m3_to_float, ue8m0_to_float
 
@@ -24,12 +25,16 @@ def gather_indexer_k_kernel(
     MX_SCALES: tl.constexpr,
     LAYOUT: tl.constexpr,
     N_PER_TILE: tl.constexpr,
+    D_PER_TILE: tl.constexpr,
+    SCALE_LANES: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BY_BLOCKS: tl.constexpr,
     DEQUANTIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
+    VALUE_BYTES: tl.constexpr = layout.MXFP4_VALUE_BYTES if USE_FP4 else layout.FP8_VALUE_BYTES
+    SCALE_BYTES: tl.constexpr = layout.SCALE_BYTES
+    HEAD_DIM: tl.constexpr = layout.HEAD_DIM
     if BY_BLOCKS:
         # program (sequence b, chunk c): tokens c * BLOCK_R ... of sequence b.
         seq = tl.program_id(0).to(tl.int64)
@@ -51,28 +56,31 @@ def gather_indexer_k_kernel(
     p = slot % BLOCK_SIZE
 
     d = tl.arange(0, VALUE_BYTES)
-    i4 = tl.arange(0, 4)
-    value_at = value_offset_tl(p[:, None], d[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+    i4 = tl.arange(0, SCALE_BYTES)
+    value_at = value_offset_tl(p[:, None], d[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                               D_PER_TILE, SCALE_LANES)
     scale_at = scale_offset_tl(p[:, None], i4[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                               N_PER_TILE)
+                               N_PER_TILE, D_PER_TILE, SCALE_LANES)
     values = tl.load(page_ptr[:, None] + value_at, mask=readable[:, None], other=0)
     scales = tl.load(page_ptr[:, None] + scale_at, mask=readable[:, None], other=0)
     if DEQUANTIZE:
-        out = dequant_ptr + row[:, None] * 128
+        out = dequant_ptr + row[:, None] * HEAD_DIM
         if USE_FP4:
             lo = e2m1_to_float((values & 0xF).to(tl.int32))
             hi = e2m1_to_float((values >> 4).to(tl.int32))
-            decoded = tl.reshape(tl.join(lo, hi), [BLOCK_R, 4, 32])
-            keys = tl.reshape(decoded * ue8m0_to_float(scales)[:, :, None], [BLOCK_R, 128])
+            GROUPS: tl.constexpr = HEAD_DIM // layout.MXFP4_GROUP
+            decoded = tl.reshape(tl.join(lo, hi), [BLOCK_R, GROUPS, layout.MXFP4_GROUP])
+            keys = tl.reshape(decoded * ue8m0_to_float(scales)[:, :, None], [BLOCK_R, HEAD_DIM])
         else:
             if MX_SCALES:  # four equal UE8M0 bytes: read the first
-                first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+                first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                                        D_PER_TILE, SCALE_LANES)
                 scale = ue8m0_to_float(tl.load(page_ptr + first, mask=readable, other=0))
             else:  # little-endian fp32
                 word = tl.sum(scales.to(tl.uint32) << (8 * i4[None, :]).to(tl.uint32), axis=1)
                 scale = word.to(tl.float32, bitcast=True)
             keys = e4m3_to_float(values) * scale[:, None]
-        tl.store(out + tl.arange(0, 128)[None, :], keys, mask=live[:, None])
+        tl.store(out + tl.arange(0, HEAD_DIM)[None, :], keys, mask=live[:, None])
     else:
         tl.store(values_ptr + row[:, None] * VALUE_BYTES + d[None, :], values, mask=live[:, None])
-        tl.store(scales_ptr + row[:, None] * 4 + i4[None, :], scales, mask=live[:, None])
+        tl.store(scales_ptr + row[:, None] * SCALE_BYTES + i4[None, :], scales, mask=live[:, None])

@@ -11,10 +11,8 @@ checks them on the GPU against torch and the reference (every bf16 value up to 6
 import triton
 import triton.language as tl
 
-FP8_MAX: tl.constexpr = tl.constexpr(448.0)
-FP8_AMAX_FLOOR: tl.constexpr = tl.constexpr(1e-4)
-MXFP4_MAX: tl.constexpr = tl.constexpr(6.0)
-MXFP4_AMAX_FLOOR: tl.constexpr = tl.constexpr(6.0 * 2.0**-126)
+from .. import layout
+
 # 1.5 * 2**23: adding it to a float in [0, 2**22) rounds that float to an integer (RNE)
 # and leaves the integer in the low mantissa bits.
 ROUND_MAGIC: tl.constexpr = tl.constexpr(12582912.0)
@@ -23,11 +21,12 @@ ROUND_MAGIC_BITS: tl.constexpr = tl.constexpr(0x4B400000)
 
 @triton.jit
 def round_to_bf16(x, EXACT_CASTS: tl.constexpr):
-    """float32 -> nearest bf16 (ties to even), returned as float32."""
+    """float32 -> nearest bf16 (ties to even), returned as float32; NaN stays NaN."""
     if EXACT_CASTS:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        y = bits.to(tl.float32, bitcast=True)
+        # A NaN whose payload fills the high mantissa bits would carry into the sign.
+        y = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
     else:
         y = x.to(tl.bfloat16).to(tl.float32)
     return y
@@ -66,9 +65,10 @@ def ceil_log2_of_ratio(amax, LIMIT: tl.constexpr):
     the same answer for every amax that occurs (bf16 values and the fixed floors): none
     lies within an ulp of M * 2**j. (``tests/test_numerics.py`` checks every bf16 value.)
     """
-    tl.static_assert(LIMIT == 448.0 or LIMIT == 6.0)
-    K: tl.constexpr = 8 if LIMIT == 448.0 else 2
-    M_BITS: tl.constexpr = 0x600000 if LIMIT == 448.0 else 0x400000  # mantissa of 1.75, 1.5
+    tl.static_assert(LIMIT == layout.FP8_MAX or LIMIT == layout.MXFP4_MAX)
+    tl.static_assert(layout.FP8_MAX == 1.75 * 2**8 and layout.MXFP4_MAX == 1.5 * 2**2)
+    K: tl.constexpr = 8 if LIMIT == layout.FP8_MAX else 2
+    M_BITS: tl.constexpr = 0x600000 if LIMIT == layout.FP8_MAX else 0x400000  # mantissa of 1.75, 1.5
     bits = amax.to(tl.int32, bitcast=True)
     return ((bits >> 23) & 0xFF) - (127 + K) + ((bits & 0x7FFFFF) > M_BITS).to(tl.int32)
 
@@ -200,5 +200,5 @@ def ue8m0_to_float(byte):
     """UE8M0 byte -> 2**(byte - 127) as float32 (0 is 2**-127, 255 is NaN)."""
     b = byte.to(tl.int32)
     value = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
-    return tl.where(b == 255, float("nan"), value)
+    return tl.where(b == layout.UE8M0_NAN, float("nan"), value)
 

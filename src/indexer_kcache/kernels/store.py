@@ -1,20 +1,18 @@
 """The fused norm -> RoPE -> quantize -> paged store kernel.
 
 One program handles ``BLOCK_T`` consecutive tokens (``BLOCK_T`` token pairs when
-``compress_ratio`` is 2). Formats and layouts are compile-time flags; every cache offset
-comes from ``layout``.
+``compress_ratio`` is 2, or ``RANGES`` ranges of ``BLOCK_T * compress_ratio`` tokens when
+``COMPACT``). Formats and layouts are compile-time flags; every cache offset comes from
+``layout``.
 """
 
 import triton
 import triton.language as tl
 from triton.language.extra import cuda as tl_cuda
 
+from .. import layout
 from ..layout import scale_offset_tl, value_offset_tl
 from .numerics import (
-    FP8_AMAX_FLOOR,
-    FP8_MAX,
-    MXFP4_AMAX_FLOOR,
-    MXFP4_MAX,
     ceil_log2_of_ratio,
     e2m1_pair,
     float_to_e4m3,
@@ -39,21 +37,45 @@ def _index(G_STEP: tl.constexpr, C_STEP: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _store_bytes(page_ptr, p, byte_index, values, mask, BLOCK_SIZE: tl.constexpr,
-                 VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr):
-    """Store a half's value bytes; ``byte_index`` [2, 2, 1, 2, W] is the byte in the row."""
-    offset = value_offset_tl(_per_token(p), byte_index, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                             N_PER_TILE)
-    tl.store(_per_token(page_ptr) + offset, values, mask=_per_token(mask))
+def _element_index():
+    """Element of a half key at [g, c_hi, 0, c_lo, w]: 32 g + 8 (2 c_hi + c_lo) + w."""
+    return _index(layout.MXFP4_GROUP, 8, 8)
+
+
+@triton.jit
+def _pair_index():
+    """Element pair (MXFP4 byte, RoPE pair) of a half at [g, c_hi, 0, c_lo, q]."""
+    return _index(layout.MXFP4_GROUP // 2, 4, 4)
+
+
+@triton.jit
+def _store_bytes(page_ptr, p, byte_index, values, write, finite, any_poisoned,
+                 BLOCK_SIZE: tl.constexpr, VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr,
+                 N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr):
+    """Store a half's value bytes; ``byte_index`` [2, 2, 1, 2, W] is the byte in the row.
+    Written tokens get ``values`` if ``finite``, else zeros (in a branch that programs
+    without such a token skip)."""
+    ptr = _per_token(page_ptr) + value_offset_tl(_per_token(p), byte_index, BLOCK_SIZE,
+                                                 VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                                                 SCALE_LANES)
+    # ``finite`` comes from reductions of the key's own tensors: expanded back, it has
+    # their layout, and combining the masks there moves no data between threads.
+    write = _per_token(write)
+    finite = _per_token(finite)
+    if any_poisoned:
+        tl.store(ptr, tl.zeros_like(values), mask=write & ~finite)
+    tl.store(ptr, values, mask=write & finite)
 
 
 @triton.jit
 def _store_scales(page_ptr, p, first, scale_bytes, mask, BLOCK_SIZE: tl.constexpr,
-                  VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr):
+                  VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr,
+                  D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr):
     """Store scale bytes [BLOCK_T, W] as the token's scale bytes first .. first + W - 1."""
     W: tl.constexpr = scale_bytes.shape[1]
     i = first + tl.arange(0, W)
-    offset = scale_offset_tl(p[:, None], i[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+    offset = scale_offset_tl(p[:, None], i[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                             D_PER_TILE, SCALE_LANES)
     tl.store(page_ptr[:, None] + offset, scale_bytes, mask=mask[:, None])
 
 
@@ -83,10 +105,19 @@ def _half_sum_of_squares(x, y):
 
 
 @triton.jit
-def _amax_by_group(x, y):
-    """max |x|, |y| over each 32-element group: [2, 2, T, 2, 4] -> [2, T]."""
-    m = tl.maximum(tl.abs(x), tl.abs(y))
-    return tl.max(tl.max(tl.max(m, axis=4), axis=3), axis=1)
+def _amax_bits_by_group(x, y):
+    """The bits of max |x|, |y| over each 32-element group: [2, 2, T, 2, 4] -> [2, T] int32.
+
+    The bits of non-negative floats order as integers as the floats do, and a NaN's lie
+    above +inf's: the group's bits are below ``INF_BITS`` iff its elements are all finite,
+    and are otherwise those of its amax. (The first level keeps a NaN; the integer levels
+    cannot drop it, as a float max may.)"""
+    m = tl.maximum(tl.abs(x), tl.abs(y), propagate_nan=tl.PropagateNan.ALL)
+    bits = m.to(tl.int32, bitcast=True)
+    return tl.max(tl.max(tl.max(bits, axis=4), axis=3), axis=1)
+
+
+INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)  # float32 +inf
 
 
 @triton.jit
@@ -96,18 +127,20 @@ def _fp8_codes(x, y, inv_scale, EXACT_CASTS: tl.constexpr):
     x = x * inv_scale
     y = y * inv_scale
     if EXACT_CASTS:  # the hardware conversion saturates by itself
-        x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
-        y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+        x = tl.minimum(tl.maximum(x, -layout.FP8_MAX), layout.FP8_MAX)
+        y = tl.minimum(tl.maximum(y, -layout.FP8_MAX), layout.FP8_MAX)
     codes = tl.join(float_to_e4m3(x, EXACT_CASTS), float_to_e4m3(y, EXACT_CASTS))
     return tl.reshape(codes, [2, 2, T, 2, 8])
 
 
 @triton.jit
-def _mxfp4_half(x, y, EXACT_CASTS: tl.constexpr):
-    """One half's two MXFP4 groups: (packed E2M1 pairs [2, 2, T, 2, 4], exponents [2, T]).
-    The scale 2**e >= amax / 6 bounds every scaled value by 6, as ``e2m1_code`` needs."""
-    amax = tl.maximum(_amax_by_group(x, y), MXFP4_AMAX_FLOOR)
-    e = tl.minimum(tl.maximum(ceil_log2_of_ratio(amax, MXFP4_MAX), -127), 127)
+def _mxfp4_half(x, y, amax, EXACT_CASTS: tl.constexpr):
+    """One half's two MXFP4 groups, of amax [2, T]: (packed E2M1 pairs [2, 2, T, 2, 4],
+    exponents [2, T]). The scale 2**e >= amax / 6 bounds every scaled value by 6, as
+    ``e2m1_code`` needs."""
+    amax = tl.maximum(amax, layout.MXFP4_AMAX_FLOOR)
+    e = ceil_log2_of_ratio(amax, layout.MXFP4_MAX)
+    e = tl.minimum(tl.maximum(e, -layout.UE8M0_BIAS), layout.UE8M0_BIAS)  # a UE8M0 byte: 0..254
     inv_scale = pow2(-e)[:, None, :, None, None]
     packed = e2m1_pair(x * inv_scale, y * inv_scale, EXACT_CASTS)
     return packed.to(tl.uint8), e
@@ -126,7 +159,7 @@ def _load_key(k_pre_ptr, k_pre_row_stride, t, element, mask):
     """The low and high halves of the key rows of tokens ``t`` ([T]), where ``mask``."""
     row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
     return (tl.load(row_ptr, mask=_per_token(mask), other=0.0),
-            tl.load(row_ptr + 64, mask=_per_token(mask), other=0.0))
+            tl.load(row_ptr + layout.HEAD_DIM // 2, mask=_per_token(mask), other=0.0))
 
 
 @triton.jit
@@ -149,28 +182,34 @@ def _norm_rope_quant_store(
     lo, hi, slot, pos, write, w_lo, w_hi,
     cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
     COMPRESS_RATIO: tl.constexpr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
-    LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_T: tl.constexpr, EXACT_CASTS: tl.constexpr,
+    LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+    SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
+    EXACT_CASTS: tl.constexpr,
 ):
     """Everything after the key rows are loaded, for BLOCK_T tokens (one per lane pair).
     ``w_lo``/``w_hi`` are the weight's halves or, when BLOCK_T > 8, both the weight's
     pointer (the halves are loaded here)."""
-    VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
-    element = _index(32, 8, 8)  # within a half
+    VALUE_BYTES: tl.constexpr = layout.MXFP4_VALUE_BYTES if USE_FP4 else layout.FP8_VALUE_BYTES
+    HALF: tl.constexpr = layout.HEAD_DIM // 2
+    tl.static_assert(layout.ROPE_DIM == HALF, "the high half is the rotated one")
+    element = _element_index()
     group_pos = pos - pos % COMPRESS_RATIO
     # cos/sin of RoPE pair j = 16 g + 4 c + q of the high half.
-    cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _index(16, 4, 4)
+    cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _pair_index()
     cos = tl.load(cs_ptr, mask=_per_token(write), other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + 32, mask=_per_token(write), other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + layout.ROPE_DIM // 2, mask=_per_token(write), other=0.0).to(tl.float32)
     lo_x, lo_y = _split_pairs(lo)
     hi_x, hi_y = _split_pairs(hi)
+    if lo.dtype != tl.bfloat16:  # float32 or float16 keys: first rounded to bf16
+        lo_x, lo_y = round_to_bf16_pair(lo_x, lo_y, EXACT_CASTS)
+        hi_x, hi_y = round_to_bf16_pair(hi_x, hi_y, EXACT_CASTS)
 
     # RMS norm (level 7 of the sum tree adds the halves), then GPT-J RoPE on the high half.
     sum_sq = _half_sum_of_squares(lo_x, lo_y) + _half_sum_of_squares(hi_x, hi_y)
-    inv_rms = _per_token(tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps)))
+    inv_rms = _per_token(tl.div_rn(1.0, tl.sqrt_rn(sum_sq * (1.0 / layout.HEAD_DIM) + eps)))
     if BLOCK_T > 8:
         w_lo = tl.load(w_lo + element)
-        w_hi = tl.load(w_hi + 64 + element)
+        w_hi = tl.load(w_hi + HALF + element)
     w_x, w_y = _split_pairs(w_lo)
     lo_x, lo_y = round_to_bf16_pair(lo_x * inv_rms * w_x, lo_y * inv_rms * w_y, EXACT_CASTS)
     w_x, w_y = _split_pairs(w_hi)
@@ -178,36 +217,63 @@ def _norm_rope_quant_store(
     hi_x, hi_y = round_to_bf16_pair(hi_x * cos - hi_y * sin, hi_y * cos + hi_x * sin,
                                     EXACT_CASTS)
 
+    # A key with a NaN or an infinity is stored poisoned: value codes zero, scales NaN.
+    lo_bits = _amax_bits_by_group(lo_x, lo_y)
+    hi_bits = _amax_bits_by_group(hi_x, hi_y)
+    key_bits = tl.max(tl.maximum(lo_bits, hi_bits), axis=0)
+    finite = key_bits < INF_BITS
+    # Lanes that do not write hold zeros (finite) unless eps is 0: then the branch only
+    # costs time.
+    any_poisoned = tl.max((key_bits >= INF_BITS).to(tl.int32), axis=0) > 0
     page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
     p = slot % BLOCK_SIZE
     if USE_FP4:
-        lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, EXACT_CASTS)
-        hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, EXACT_CASTS)
-        packed_index = _index(16, 4, 4)  # byte within a half
-        _store_bytes(page_ptr, p, packed_index, lo_packed, write, BLOCK_SIZE, VALUE_BYTES,
-                     LAYOUT, N_PER_TILE)
-        _store_bytes(page_ptr, p, 32 + packed_index, hi_packed, write, BLOCK_SIZE, VALUE_BYTES,
-                     LAYOUT, N_PER_TILE)
-        _store_scales(page_ptr, p, 0, tl.trans(lo_e + 127).to(tl.uint8), write, BLOCK_SIZE,
-                      VALUE_BYTES, LAYOUT, N_PER_TILE)
-        _store_scales(page_ptr, p, 2, tl.trans(hi_e + 127).to(tl.uint8), write, BLOCK_SIZE,
-                      VALUE_BYTES, LAYOUT, N_PER_TILE)
+        lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, lo_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
+        hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, hi_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
+        packed_index = _pair_index()  # byte within a half
+        _store_bytes(page_ptr, p, packed_index, lo_packed, write, finite, any_poisoned,
+                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index, hi_packed, write, finite,
+                     any_poisoned, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                     SCALE_LANES)
+        lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+        hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+        _store_scales(page_ptr, p, 0, tl.trans(lo_scales).to(tl.uint8), write, BLOCK_SIZE,
+                      VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        _store_scales(page_ptr, p, 2, tl.trans(hi_scales).to(tl.uint8), write, BLOCK_SIZE,
+                      VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
     else:
-        lo_max = tl.max(_amax_by_group(lo_x, lo_y), axis=0)
-        hi_max = tl.max(_amax_by_group(hi_x, hi_y), axis=0)
-        e = ceil_log2_of_ratio(tl.maximum(tl.maximum(lo_max, hi_max), FP8_AMAX_FLOOR), FP8_MAX)
+        key_amax = key_bits.to(tl.float32, bitcast=True)
+        e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
         inv_scale = _per_token(pow2(-e))
         _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
-                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
-        _store_bytes(page_ptr, p, 64 + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
-                     write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
-        i4 = tl.arange(0, 4)[None, :]
+                     finite, any_poisoned, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                     D_PER_TILE, SCALE_LANES)
+        _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
+                     write, finite, any_poisoned, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                     D_PER_TILE, SCALE_LANES)
+        i4 = tl.arange(0, layout.SCALE_BYTES)[None, :]
         if MX_SCALES:  # four equal UE8M0 bytes
-            scale_bytes = tl.broadcast_to((e + 127)[:, None], [BLOCK_T, 4])
+            biased = tl.where(finite, e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+            scale_bytes = tl.broadcast_to(biased[:, None], [BLOCK_T, layout.SCALE_BYTES])
         else:  # the fp32 2**e, little-endian
-            scale_bytes = (((e + 127) << 23)[:, None] >> (8 * i4)) & 0xFF
+            bits = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
+            scale_bytes = (bits[:, None] >> (8 * i4)) & 0xFF
         _store_scales(page_ptr, p, 0, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                      LAYOUT, N_PER_TILE)
+                      LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+
+
+@triton.jit
+def _compacted_lanes(incl, slot, pos, start, batch, BLOCK_T: tl.constexpr):
+    """Lane j of batch b takes the (b * BLOCK_T + j)-th written token of a range whose
+    inclusive running count of written tokens is ``incl``: its index is the number of
+    tokens whose count is at most b * BLOCK_T + j. Returns (token, slot, position, live)."""
+    RANGE: tl.constexpr = incl.shape[0]
+    rank = batch * BLOCK_T + tl.arange(0, BLOCK_T)
+    src = tl.sum((incl[None, :] <= rank[:, None]).to(tl.int32), axis=1)
+    src = tl.minimum(src, RANGE - 1)  # lanes past the last written token (not live)
+    live = rank < tl.max(incl, axis=0)
+    return start + src, tl.gather(slot, src, 0), tl.gather(pos, src, 0), live
 
 
 # Sizes are only compared against: specializing on their values would only add variants.
@@ -224,9 +290,13 @@ def indexer_k_store_kernel(
     MX_SCALES: tl.constexpr,
     LAYOUT: tl.constexpr,
     N_PER_TILE: tl.constexpr,
+    D_PER_TILE: tl.constexpr,
+    SCALE_LANES: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     EAGER_LOADS: tl.constexpr,
+    COMPACT: tl.constexpr,
+    RANGES: tl.constexpr,
     EXACT_CASTS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -242,41 +312,95 @@ def indexer_k_store_kernel(
     so the tree is the same whatever the spread. The high half is the RoPE half; a group
     is an MXFP4 scale block.
 
+    ``k_pre`` may be bf16, float32 or float16; rows of the latter two are rounded to bf16
+    as they are loaded.
+
     ``EAGER_LOADS`` (for latency-bound launches): a program handles BLOCK_T consecutive
     tokens and issues their key-row loads together with the slot and position loads, so
     that with ``compress_ratio`` 2 it also reads the rows of tokens it skips.
 
-    Otherwise, ``compress_ratio`` 1: the same, with each row loaded once its token is known
-    to write. ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T pairs and
-    does the work only for the tokens that write, about one per pair: a lane pair takes the
-    odd token of its pair if it writes, else the even one; pairs where both write
+    ``COMPACT``: a program walks ``RANGES`` consecutive ranges of ``BLOCK_T *
+    compress_ratio`` tokens. It loads a range's slots and positions while it encodes the
+    previous range, so the key-row loads wait for no index load of their own; it then
+    hands the range's written tokens to its lanes in order, each lane encoding one, in
+    batches of BLOCK_T (one batch for a range with at most BLOCK_T of them). Rows of
+    skipped tokens are never read, and no lane encodes a token that is not stored.
+
+    Otherwise, ``compress_ratio`` 1: the same as eager, with each row loaded once its token
+    is known to write. ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T
+    pairs and does the work only for the tokens that write, about one per pair: a lane pair
+    takes the odd token of its pair if it writes, else the even one; pairs where both write
     (positions not consecutive) get a second pass, which re-reads the slots and positions
     rather than keep them live through the first. Rows of skipped tokens are never read.
+
+    A written key with a NaN or an infinity after the norm and the rotation is stored
+    poisoned: every value code zero, the scale NaN (fp32 ``0x7FC00000`` or UE8M0 ``0xFF``).
 
     ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
     kernel in the stream before touching memory, and lets the next one start launching.
     """
     tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
-    tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
-    tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
-    tl.static_assert(LAYOUT != 2 or BLOCK_SIZE % N_PER_TILE == 0)
-    tl.static_assert(LAYOUT != 1 or BLOCK_SIZE % 16 == 0)
+    tl.static_assert(not (USE_FP4 and LAYOUT == layout.FP8_TILED), "the tiled layout is FP8 only")
+    tl.static_assert(USE_FP4 or LAYOUT != layout.MXFP4_PRESHUFFLE,
+                     "the preshuffle layout is MXFP4 only")
+    tl.static_assert(LAYOUT != layout.MXFP4_PRESHUFFLE or (
+        BLOCK_SIZE % N_PER_TILE == 0 and layout.MXFP4_VALUE_BYTES % D_PER_TILE == 0
+        and layout.SCALE_BYTES % SCALE_LANES == 0))
+    tl.static_assert(LAYOUT != layout.FP8_TILED or BLOCK_SIZE % layout.TILE_TOKENS == 0)
+    tl.static_assert(not (COMPACT and EAGER_LOADS))
     if USE_PDL:  # everything below may read what the previous kernel wrote
         tl_cuda.gdc_wait()
         tl_cuda.gdc_launch_dependents()
-    element = _index(32, 8, 8)  # within a half
+    element = _element_index()
     # Latency-bound launches (few tokens per program) start the weight's load first, off
     # the critical path; bandwidth-bound ones load it where it is used, from the bare
     # pointer: values or per-element addresses would hold registers through the program.
     if BLOCK_T <= 8:
         w_lo = tl.load(weight_ptr + element)
-        w_hi = tl.load(weight_ptr + 64 + element)
+        w_hi = tl.load(weight_ptr + layout.HEAD_DIM // 2 + element)
     else:
         w_lo = weight_ptr
         w_hi = weight_ptr
     # Token indices are int64 so that every address below is computed in 64 bits.
     lane = tl.arange(0, BLOCK_T).to(tl.int64)
-    if COMPRESS_RATIO == 1 or EAGER_LOADS:
+    if COMPACT:
+        # One loop over batches, so that the encode is compiled once: a second copy in the
+        # loop would keep more of what the compiler hoists out of it live through both.
+        RANGE: tl.constexpr = BLOCK_T * COMPRESS_RATIO
+        first = tl.program_id(0).to(tl.int64) * (RANGE * RANGES)
+        end = tl.minimum(first + RANGE * RANGES, num_tokens)  # the program's tokens end here
+        r = tl.arange(0, RANGE).to(tl.int64)
+        slot = _load_index(slot_ptr, first + r, first + r < end)
+        pos = _load_index(positions_ptr, first + r, first + r < end)
+        next_slot = _load_index(slot_ptr, first + RANGE + r, first + RANGE + r < end)
+        next_pos = _load_index(positions_ptr, first + RANGE + r, first + RANGE + r < end)
+        it = 0  # the range
+        batch = 0  # the batch of its written tokens
+        while it < RANGES:
+            start = first + it * RANGE
+            incl = tl.cumsum(_written(slot, pos, num_slots, max_pos, COMPRESS_RATIO).to(tl.int32),
+                             axis=0)
+            num_written = tl.max(incl, axis=0)
+            if num_written > 0:
+                t, lane_slot, lane_pos, live = _compacted_lanes(incl, slot, pos, start, batch,
+                                                                BLOCK_T)
+                lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, live)
+                _norm_rope_quant_store(lo, hi, lane_slot, lane_pos, live, w_lo, w_hi,
+                                       cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
+                                       page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
+                                       N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
+                                       EXACT_CASTS)
+            if (batch + 1) * BLOCK_T < num_written:
+                batch += 1  # the range's next batch: more writers than lanes
+            else:  # the next range, whose indices were loaded during this one's encode
+                it += 1
+                batch = 0
+                slot = next_slot
+                pos = next_pos
+                t_next = first + (it + 1) * RANGE + r
+                next_slot = _load_index(slot_ptr, t_next, t_next < end)
+                next_pos = _load_index(positions_ptr, t_next, t_next < end)
+    elif COMPRESS_RATIO == 1 or EAGER_LOADS:
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + lane
         in_range = t < num_tokens
         if EAGER_LOADS:
@@ -287,8 +411,9 @@ def indexer_k_store_kernel(
         if not EAGER_LOADS:
             lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, write)
         _norm_rope_quant_store(lo, hi, slot, pos, write, w_lo, w_hi, cos_sin_ptr,
-                               cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO, USE_FP4,
-                               MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+                               cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO,
+                               USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
+                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
     else:
         t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
         slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
@@ -303,7 +428,7 @@ def indexer_k_store_kernel(
                                tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
                                cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
                                COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
-                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+                               D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
         if second_pass:
             # Re-read the (cached) indices rather than keep them live through the first
             # pass: the register budget of one pass is what sets the programs in flight.
@@ -315,4 +440,5 @@ def indexer_k_store_kernel(
             _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi,
                                    cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
                                    page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
-                                   N_PER_TILE, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+                                   N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
+                                   EXACT_CASTS)

@@ -9,6 +9,10 @@ construction rather than by luck:
 * every rounding step is explicit and correctly rounded: sqrt and division are done in
   float64 and rounded once to float32 (exact for these operations), bf16 rounding is
   round-to-nearest-even, and scale exponents come from the float's bits, not ``log2``.
+
+Keys given in float32 or float16 are first rounded to bf16: the store writes exactly what
+it writes for ``k_pre.to(torch.bfloat16)``. A written key with a value that is not finite
+after the norm and the rotation is stored poisoned (every value code zero, its scale NaN).
 """
 
 from __future__ import annotations
@@ -17,7 +21,19 @@ import torch
 
 from .. import layout
 from ..checks import check_slots_in_range
-from ..layout import HEAD_DIM, MXFP4_GROUP, SCALE_BYTES
+from ..layout import (
+    FP8_AMAX_FLOOR,
+    FP8_MAX,
+    FP32_NAN_BITS,
+    HEAD_DIM,
+    MXFP4_AMAX_FLOOR,
+    MXFP4_GROUP,
+    MXFP4_MAX,
+    ROPE_DIM,
+    SCALE_BYTES,
+    UE8M0_BIAS,
+    UE8M0_NAN,
+)
 
 __all__ = [
     "ROPE_DIM",
@@ -34,6 +50,7 @@ __all__ = [
     "quantize_fp8",
     "e2m1_codes",
     "quantize_mxfp4",
+    "poison_nonfinite",
     "cache_bytes",
     "token_byte_offsets",
     "written_tokens",
@@ -46,11 +63,6 @@ __all__ = [
     "dequantize",
 ]
 
-ROPE_DIM = 64
-FP8_MAX = 448.0
-FP8_AMAX_FLOOR = 1e-4
-MXFP4_MAX = 6.0
-MXFP4_AMAX_FLOOR = 6.0 * 2.0**-126
 # Magnitudes of the eight E2M1 codes.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -99,9 +111,11 @@ def normalize_and_rope(
 ) -> torch.Tensor:
     """RMS-normalise rows of ``k`` ([n, 128]) and rotate dims 64..127 at ``group_pos``.
 
-    Returns float32 [n, 128]; every value is a bf16 number.
+    ``k`` may be bf16, float32 or float16: it is first rounded to bf16 (round to nearest
+    even), as ``k.to(torch.bfloat16)`` does. Returns float32 [n, 128]; every value is a
+    bf16 number (or not finite).
     """
-    k = k.float()
+    k = round_to_bf16(k.float())
     sum_sq = pair_tree_sum(k * k)
     eps = torch.full_like(sum_sq, rms_norm_eps)  # eps as float32, added in float32
     inv_rms = _div_rn(torch.ones_like(sum_sq), _sqrt_rn(sum_sq * (1.0 / HEAD_DIM) + eps))
@@ -123,11 +137,11 @@ def quantize_fp8(k: torch.Tensor, mx_scales: bool) -> tuple[torch.Tensor, torch.
     scaled = (k * pow2(-e)[:, None]).clamp(-FP8_MAX, FP8_MAX)
     codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
     if mx_scales:
-        scales = (e + 127).to(torch.uint8)[:, None].expand(-1, SCALE_BYTES).contiguous()
+        scales = (e + UE8M0_BIAS).to(torch.uint8)[:, None].expand(-1, SCALE_BYTES).contiguous()
     else:
         # The fp32 scale's bytes, little-endian as on every GPU.
         scales = pow2(e).contiguous().view(torch.uint8).view(-1, SCALE_BYTES)
-    return codes, scales
+    return poison_nonfinite(k, codes, scales, fp32_scale=not mx_scales)
 
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
@@ -143,10 +157,25 @@ def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, 128] float32 -> (uint8 [n, 64] packed E2M1 pairs, uint8 [n, 4] UE8M0 scales)."""
     groups = k.view(k.shape[0], HEAD_DIM // MXFP4_GROUP, MXFP4_GROUP)
     amax = groups.abs().amax(dim=2).clamp_min(MXFP4_AMAX_FLOOR)
-    e = ceil_log2(_div_rn(amax, MXFP4_MAX)).clamp(-127, 127)
+    e = ceil_log2(_div_rn(amax, MXFP4_MAX)).clamp(-UE8M0_BIAS, UE8M0_BIAS)  # a UE8M0 byte: 0..254
     codes = e2m1_codes((groups * pow2(-e)[:, :, None]).reshape(k.shape[0], HEAD_DIM).contiguous())
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    return packed, (e + 127).to(torch.uint8)
+    return poison_nonfinite(k, packed, (e + UE8M0_BIAS).to(torch.uint8), fp32_scale=False)
+
+
+def poison_nonfinite(k: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, fp32_scale: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bytes of each row of ``k`` with a NaN or an infinity: every value code zero and
+    the scale NaN (the fp32 NaN ``0x7FC00000``, or the UE8M0 NaN ``0xFF`` in every scale
+    byte), so that the key dequantizes to NaN wherever it is read. Other rows unchanged."""
+    poisoned = ~k.isfinite().all(dim=1)
+    if fp32_scale:
+        nan = torch.tensor([FP32_NAN_BITS], dtype=torch.int32).view(torch.uint8)  # little-endian
+    else:
+        nan = torch.full((SCALE_BYTES,), UE8M0_NAN, dtype=torch.uint8)
+    values = values.masked_fill(poisoned[:, None], 0)
+    scales = torch.where(poisoned[:, None], nan.to(scales.device), scales)
+    return values, scales
 
 
 # --------------------------------------------------------------------------- paged bytes
@@ -158,18 +187,25 @@ def cache_bytes(k_cache: torch.Tensor) -> torch.Tensor:
 
 
 def token_byte_offsets(
-    k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int
+    k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int,
+    d_per_tile: int = layout.MXFP4_D_PER_TILE, scale_lanes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Offsets into ``cache_bytes(k_cache)`` of each slot's value bytes and scale bytes."""
+    """Offsets into ``cache_bytes(k_cache)`` of each slot's value bytes and scale bytes.
+
+    ``n_per_tile``, ``d_per_tile`` and ``scale_lanes`` (None: ``64 // n_per_tile``) are the
+    MXFP4 preshuffle's parameters, unused by the other layouts."""
     block_size = k_cache.shape[1]
     vb = layout.value_bytes(use_fp4_cache)
+    if scale_lanes is None:
+        scale_lanes = layout.default_scale_lanes(n_per_tile) if n_per_tile else 0
+    tile = (n_per_tile, d_per_tile, scale_lanes)
     slots = slots.long()
     page = (slots // block_size) * k_cache.stride(0)
     p = (slots % block_size)[:, None]
     d = torch.arange(vb, device=slots.device)[None, :]
     i = torch.arange(SCALE_BYTES, device=slots.device)[None, :]
-    values = page[:, None] + layout.value_offset(p, d, block_size, vb, layout_code, n_per_tile)
-    scales = page[:, None] + layout.scale_offset(p, i, block_size, vb, layout_code, n_per_tile)
+    values = page[:, None] + layout.value_offset(p, d, block_size, vb, layout_code, *tile)
+    scales = page[:, None] + layout.scale_offset(p, i, block_size, vb, layout_code, *tile)
     return values, scales
 
 
@@ -212,6 +248,8 @@ def store(
     mx_scales: bool,
     layout_code: int,
     n_per_tile: int,
+    d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    scale_lanes: int | None = None,
 ) -> None:
     """The whole store, in torch. Arguments are assumed valid (the public API checks)."""
     num_blocks, block_size, _ = k_cache.shape
@@ -226,7 +264,8 @@ def store(
     else:
         values, scales = quantize_fp8(k, mx_scales)
     slots = kv_slot_mapping.reshape(-1)[index]
-    value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
+    value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code, n_per_tile,
+                                            d_per_tile, scale_lanes)
     flat = cache_bytes(k_cache)
     flat[value_at.reshape(-1)] = values.reshape(-1)
     flat[scale_at.reshape(-1)] = scales.reshape(-1)
@@ -234,12 +273,14 @@ def store(
 
 # ----------------------------------------------------------------------------- readers
 def gather(
-    k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int
+    k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int,
+    d_per_tile: int = layout.MXFP4_D_PER_TILE, scale_lanes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row ``i`` holds the value and scale bytes stored for ``slots[i]``, token-major."""
     slots = slots.reshape(-1).long()
     check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
-    value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code, n_per_tile)
+    value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code, n_per_tile,
+                                            d_per_tile, scale_lanes)
     flat = cache_bytes(k_cache)
     return flat[value_at].contiguous(), flat[scale_at].contiguous()
 
@@ -279,7 +320,7 @@ def ue8m0_to_float(scale_bytes: torch.Tensor) -> torch.Tensor:
     """UE8M0 bytes -> float32 ``2**(byte - 127)``; 0 is 2**-127, 255 is NaN."""
     b = scale_bytes.to(torch.int32)
     value = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23).view(torch.float32)
-    return torch.where(b == 255, torch.full_like(value, float("nan")), value)
+    return torch.where(b == UE8M0_NAN, torch.full_like(value, float("nan")), value)
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor, use_fp4_cache: bool, mx_scales: bool
@@ -288,7 +329,8 @@ def dequantize(values: torch.Tensor, scales: torch.Tensor, use_fp4_cache: bool, 
     n = values.shape[0]
     if use_fp4_cache:
         per_group = ue8m0_to_float(scales)  # [n, 4]
-        return (decode_e2m1(values).view(n, 4, MXFP4_GROUP) * per_group[:, :, None]).view(n, HEAD_DIM)
+        groups = HEAD_DIM // MXFP4_GROUP
+        return (decode_e2m1(values).view(n, groups, MXFP4_GROUP) * per_group[:, :, None]).view(n, HEAD_DIM)
     if mx_scales:
         scale = ue8m0_to_float(scales[:, 0])
     else:
