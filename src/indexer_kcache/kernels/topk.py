@@ -1,4 +1,4 @@
-"""Top-k selection: exact radix selection on order-preserving keys, then a sort of the k.
+"""Top-k selection: exact selection on order-preserving keys, then a sort of the k.
 
 Every eligible element ``(value, column)`` of a row is ranked by a pair of 32-bit words,
 compared as one unsigned 64-bit number (high word first):
@@ -8,10 +8,20 @@ compared as one unsigned 64-bit number (high word first):
 * ``low = ~column``: among equal keys the lower column ranks higher.
 
 Pairs are distinct, so a row's top k are its k largest pairs. ``topk_select_kernel``
-finds the k-th largest pair by radix selection, ``RADIX_BITS`` bits a pass (key bits
-first, then column bits while ties remain; a pass that takes its whole bucket ends the
-search), compacts the pairs at or above it (the survivors) through a per-row scratch
-vector and sorts them descending with ``tl.sort``.
+finds the k-th largest pair, compacts the pairs at or above it (the survivors) through a
+per-row scratch vector and sorts them descending with ``tl.sort``. Two searches find it:
+
+* ``COUNT_SEARCH``, for a source held in registers (a short row, or a long row's
+  candidates): a binary search on the key, one bit a pass, each pass one count of the
+  elements at or above the trial value (a compare and a sum), then, only while ties
+  remain at the found key, the same search on ``~column``;
+* radix selection streamed from memory, ``RADIX_BITS`` bits a pass (key bits first, then
+  column bits while ties remain; a pass that takes its whole bucket ends the search), for
+  sources too long for registers and for the rows whose candidates cannot be used.
+
+``SORTED_CANDIDATES`` finishes differently: the candidates were sorted on the host
+(``torch.sort`` of the pairs with the top bit flipped, so that signed order is the pairs'
+order, padding lowest) and the kernel copies the first columns.
 
 Short rows are read by ``topk_select_kernel`` directly. Long rows first go through
 ``topk_sample_kernel``, which picks a key threshold from a fixed sample of the row (a
@@ -32,8 +42,16 @@ SIGN_BIT = tl.constexpr(0x80000000)
 ABS_MASK = tl.constexpr(0x7FFFFFFF)
 INF_BITS = tl.constexpr(0x7F800000)  # the magnitude of +-inf; larger magnitudes are NaN
 WORD_MASK = tl.constexpr(0xFFFFFFFF)
+TOP_BIT = tl.constexpr(0x8000000000000000)  # flipped for a signed sort of the pairs
 # tl.histogram spreads its bins over a warp's lanes: fewer than 32 bins cost as much as 32.
 MIN_BINS = tl.constexpr(32)
+# _positions scans rows of this many elements (a thread's share of a block, typically).
+SCAN_WIDTH = 16
+# The sample's rank: expected hits plus this many standard deviations (Poisson) plus a
+# constant; with a sample of >= 128 expected hits the candidates are about 1.4 times the
+# wanted count, rarely below it or past twice it.
+MARGIN_SIGMAS = tl.constexpr(4.0)
+MARGIN_EXTRA = tl.constexpr(8)
 
 
 @triton.constexpr_function
@@ -67,15 +85,70 @@ def _keys_of_bits(bits):
 
 
 @triton.jit
-def _load_keys(ptr, offsets, live, IS_BF16: tl.constexpr):
-    """Keys of ``ptr[offsets]`` where ``live`` (bf16 widens exactly: its bits are the top
-    half of the float32's)."""
-    raw = tl.load(ptr + offsets, mask=live, other=0)
+def _keys_of_raw(raw, IS_BF16: tl.constexpr):
+    """Keys of loaded logits (bf16 widens exactly: its bits are the top half of the
+    float32's)."""
     if IS_BF16:
         bits = raw.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
     else:
         bits = raw.to(tl.uint32, bitcast=True)
     return _keys_of_bits(bits)
+
+
+@triton.jit
+def _load_keys(ptr, offsets, live, IS_BF16: tl.constexpr):
+    """Keys of ``ptr[offsets]`` where ``live``."""
+    return _keys_of_raw(tl.load(ptr + offsets, mask=live, other=0), IS_BF16)
+
+
+@triton.constexpr_function
+def _scan_width(block):
+    """Elements per row of the [block // width, width] view ``_positions`` scans."""
+    return min(block, SCAN_WIDTH)
+
+
+@triton.jit
+def _positions(take, BLOCK: tl.constexpr):
+    """int32 ``[BLOCK]``: for each taken element, the number of taken elements before it
+    (in order). Scanned as a [BLOCK // W, W] view, along the rows (within a thread) and
+    then over the row sums: fewer instructions than one scan over BLOCK."""
+    W: tl.constexpr = _scan_width(BLOCK)
+    grid = tl.reshape(take.to(tl.int32), [BLOCK // W, W])
+    inner = tl.cumsum(grid, 1)
+    per_row = tl.sum(grid, 1)
+    before = tl.cumsum(per_row, 0) - per_row
+    return tl.reshape(inner + before[:, None], [BLOCK]) - 1
+
+
+@triton.jit
+def _count_threshold(key, low, valid, want, low_bits):
+    """The want-th largest valid pair ``(threshold_key, threshold_low)`` of a block held in
+    registers (``1 <= want <=`` its valid elements), by counting: the pairs at or above it
+    are exactly the top ``want``.
+
+    The key: the largest value ``t`` with at least ``want`` keys ``>= t``, decided one bit
+    a pass from the top (32 passes, each a compare and a sum). Then, if the keys equal to
+    ``t`` are more than the ``need`` still wanted, the largest ``~column`` word ``l``
+    with ``need`` of them at or above it, over the ``low_bits`` bits that vary between
+    columns (``~column`` has its higher bits set); else ``l = 0``: the whole tie.
+    """
+    one = tl.full([], 1, tl.uint32)
+    t = tl.zeros([], tl.uint32)
+    for bit in range(0, 32):
+        trial = t | (one << tl.cast(31 - bit, tl.uint32))
+        count = tl.sum((valid & (key >= trial)).to(tl.int32), 0)
+        t = tl.where(count >= want, trial, t)
+    above = tl.sum((valid & (key > t)).to(tl.int32), 0)
+    tie = valid & (key == t)
+    need = want - above
+    threshold_low = tl.zeros([], tl.uint32)
+    if tl.sum(tie.to(tl.int32), 0) != need:
+        threshold_low = ~((one << tl.cast(low_bits, tl.uint32)) - 1)
+        for bit in range(0, low_bits):
+            trial = threshold_low | (one << tl.cast(low_bits - 1 - bit, tl.uint32))
+            count = tl.sum((tie & (low >= trial)).to(tl.int32), 0)
+            threshold_low = tl.where(count >= need, trial, threshold_low)
+    return t, threshold_low
 
 
 @triton.jit
@@ -206,11 +279,11 @@ def topk_sample_kernel(
 
     The sample is ``SAMPLE_BLOCK`` columns, chunks of ``CHUNK`` consecutive columns every
     ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
-    ``want * m / n`` are expected among the row's top ``want = min(k, n)``; the threshold is
-    the key of the sample's ``r``-th largest element, ``r`` a margin above that, rounded
-    down to its top ``PASSES * RADIX_BITS`` bits, so that the row's elements at or above
-    it are usually a little more than ``want``. 0 (every element) when the sample is
-    too small for ``r``.
+    ``e = want * m / n`` are expected among the row's top ``want = min(k, n)``; the
+    threshold is the key of the sample's ``r``-th largest element, ``r = e +
+    MARGIN_SIGMAS * sqrt(e) + MARGIN_EXTRA``, rounded down to its top ``PASSES *
+    RADIX_BITS`` bits, so that the row's elements at or above it are usually a little
+    more than ``want``. 0 (every element) when the sample is too small for ``r``.
     """
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -220,9 +293,10 @@ def topk_sample_kernel(
     valid = column < n
     key = _load_keys(logits_ptr + row * row_stride, column, valid, IS_BF16)
     m = tl.sum(valid.to(tl.int32), 0)
-    # Expected sample hits, rounded up, plus about four standard deviations and a constant.
-    expected = (want.to(tl.int64) * m + n - 1) // tl.maximum(n, 1)
-    rank = (expected + expected // 4 + 32).to(tl.int32)
+    # Expected sample hits, rounded up, plus a few standard deviations and a constant.
+    expected = ((want.to(tl.int64) * m + n - 1) // tl.maximum(n, 1)).to(tl.int32)
+    spread = tl.sqrt(tl.maximum(expected, 0).to(tl.float32)) * MARGIN_SIGMAS
+    rank = expected + spread.to(tl.int32) + MARGIN_EXTRA
     threshold = tl.zeros([], tl.uint32)
     if (want > 0) & (rank <= m):
         need = rank
@@ -249,12 +323,18 @@ def topk_filter_kernel(
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     BLOCK: tl.constexpr,
+    SIGNED_PAIRS: tl.constexpr,
 ):
     """Program (row, split): appends the pairs of columns ``[split * split_cols,
     (split + 1) * split_cols)`` whose key is at least ``threshold[row]`` to ``cand[row]``
-    (int64 ``[rows, capacity]``), reserving room with an atomic add on ``cand_count[row]``
-    (which ends as the row's candidate count, even past ``capacity``: only what fits is
-    written). The order of the candidates varies from run to run; the result does not."""
+    (int64 ``[rows, capacity]``), ``BLOCK`` columns a step, reserving room with one atomic
+    add a step on ``cand_count[row]`` (which ends as the row's candidate count, even past
+    ``capacity``: only what fits is written). The order of the candidates varies from run
+    to run; the result does not. ``SIGNED_PAIRS``: the pairs' top bit flipped (for a
+    signed sort).
+
+    Blocks wholly inside the eligible columns load without a mask, so that the loads are
+    vectors (``split_cols`` is a multiple of ``BLOCK``)."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -266,20 +346,111 @@ def topk_filter_kernel(
     offsets = tl.arange(0, BLOCK)
     for block in range(start, end, BLOCK):
         live = offsets < (end - block).to(tl.int32)
-        key = _load_keys(row_ptr + block, offsets, live, IS_BF16)
+        if block + BLOCK <= end:
+            key = _keys_of_raw(tl.load(row_ptr + block + offsets), IS_BF16)
+        else:
+            key = _load_keys(row_ptr + block, offsets, live, IS_BF16)
         take = live & (key >= threshold)
         taken = tl.sum(take.to(tl.int32), 0)
         if taken > 0:
             base = tl.atomic_add(cand_count_ptr + row, taken, sem="relaxed")
-            position = base + tl.cumsum(take.to(tl.int32), 0) - 1
+            position = base + _positions(take, BLOCK)
             pair = _pair(key, ~(block + offsets).to(tl.uint32))
+            if SIGNED_PAIRS:
+                pair = pair ^ TOP_BIT
             tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True),
                      mask=take & (position < capacity))
 
 
-@triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
+@triton.jit
+def _radix_survivors(want, row_ptr, cand_row_ptr, source_len, use_candidates, scratch_row_ptr,
+                     low_skip, IS_BF16: tl.constexpr, FROM_CANDIDATES: tl.constexpr,
+                     SINGLE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                     SORT_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, COMPACT: tl.constexpr):
+    """Radix selection of the source's ``want`` largest pairs (``want >= 1``), written to
+    ``scratch_row[:want]`` in source order."""
+    DIGITS: tl.constexpr = 32 // RADIX_BITS
+    slots = tl.arange(0, SORT_BLOCK)
+    if SINGLE_BLOCK:
+        key0, low0, valid0 = _source_block(0, row_ptr, cand_row_ptr, source_len,
+                                           use_candidates, IS_BF16, False, BLOCK)
+    else:  # not read
+        key0, low0, valid0 = want.to(tl.uint32), want.to(tl.uint32), want < 0
+    # Radix selection of the want-th largest pair, key digits first. Invariant:
+    # 1 <= need <= the size of the group (the pairs whose decided digits equal the
+    # prefix); every pair above the group is a survivor.
+    need = want
+    decided_key = tl.zeros([], tl.uint32)  # the key's digits decided so far
+    threshold_key = tl.zeros([], tl.uint32)
+    threshold_low = tl.zeros([], tl.uint32)
+    searching = want > 0
+    # COMPACT: once the group fits SORT_BLOCK, it is copied to the scratch row and the
+    # remaining passes read that copy (in registers) instead of the whole source.
+    compacted = want < 0
+    group_key = tl.zeros([SORT_BLOCK], tl.uint32)
+    group_low = tl.zeros([SORT_BLOCK], tl.uint32)
+    group_valid = slots < 0
+    for word in tl.static_range(2):
+        if word == 0:
+            first = 0
+            partial = tl.zeros([], tl.uint32)
+        else:
+            first = low_skip
+            partial = tl.cast((1 << (RADIX_BITS * low_skip)) - 1, tl.uint32)
+        for d in range(first, DIGITS):
+            if searching:
+                shift = tl.cast(32 - RADIX_BITS * (d + 1), tl.uint32)
+                if compacted:
+                    counts = _digit_counts(group_key, group_low, group_valid, decided_key,
+                                           partial, shift, word == 1, RADIX_BITS)
+                else:
+                    counts = _source_counts(
+                        row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0,
+                        valid0, decided_key, partial, shift, word == 1, RADIX_BITS, IS_BF16,
+                        FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
+                digit, above, inside = _choose_digit(counts, need)
+                need -= above
+                partial = (partial << RADIX_BITS) | digit.to(tl.uint32)
+                # When need equals the digit's count the whole bucket is taken: the
+                # threshold is the prefix followed by zero bits.
+                searching = inside != need
+                below = (tl.full([], 1, tl.uint32) << shift) - 1  # the undecided bits
+                if word == 0:
+                    decided_key = partial
+                    threshold_key = partial << shift
+                    # The group: keys with these top bits, any column.
+                    lo_key, lo_low = threshold_key, tl.zeros([], tl.uint32)
+                    hi_key, hi_low = threshold_key | below, tl.full([], WORD_MASK, tl.uint32)
+                else:
+                    threshold_low = partial << shift
+                    # The group: this key, columns with these top bits of ~column.
+                    lo_key, lo_low = decided_key, threshold_low
+                    hi_key, hi_low = decided_key, threshold_low | below
+                if COMPACT:
+                    if searching & (~compacted) & (inside <= SORT_BLOCK):
+                        _write_range(scratch_row_ptr, SORT_BLOCK, lo_key, lo_low, hi_key,
+                                     hi_low, row_ptr, cand_row_ptr, source_len,
+                                     use_candidates, key0, low0, valid0, IS_BF16,
+                                     FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
+                        tl.debug_barrier()
+                        pair = tl.load(scratch_row_ptr + slots, mask=slots < inside, other=0,
+                                       cache_modifier=".cg").to(tl.uint64, bitcast=True)
+                        group_key = (pair >> 32).to(tl.uint32)
+                        group_low = (pair & WORD_MASK).to(tl.uint32)
+                        group_valid = slots < inside
+                        compacted = inside >= 0  # True
+
+    # The survivors (exactly want of them: the pairs at or above the threshold) into
+    # the scratch row, once every thread is done with the group's copy there.
+    tl.debug_barrier()
+    _write_range(scratch_row_ptr, SORT_BLOCK, threshold_key, threshold_low, WORD_MASK,
+                 WORD_MASK, row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0,
+                 valid0, IS_BF16, FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
+
+
+@triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip", "low_bits"])
 def topk_select_kernel(
-    logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
+    logits_ptr, row_stride, cols, lengths_ptr, k, low_skip, low_bits,
     cand_ptr, cand_count_ptr, capacity,
     scratch_ptr, out_ptr, out_row_stride,
     IS_BF16: tl.constexpr,
@@ -290,22 +461,34 @@ def topk_select_kernel(
     SORT_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     COMPACT: tl.constexpr,
+    COUNT_SEARCH: tl.constexpr,
+    SORTED_CANDIDATES: tl.constexpr,
 ):
     """Program (row): ``out[row, :k]`` = the columns of the row's ``want = min(k,
     eligible)`` largest pairs, in descending order, then -1.
 
     The source is ``cand[row, :cand_count[row]]`` when ``FROM_CANDIDATES`` and the count
     lies in ``[want, capacity]``, else the row's eligible columns (``SINGLE_BLOCK``: all
-    of them in one block, kept in registers through the passes). ``scratch`` (int64
-    ``[rows, SORT_BLOCK]``) receives the survivors before the sort; ``SORT_BLOCK`` is a
-    power of two ``>= min(k, cols)``. ``low_skip``: leading digits of ``~column`` that are
-    all ones for every column (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most
-    ``32 // RADIX_BITS - 1``: the tie passes start below them.
+    of them in one block, kept in registers). ``scratch`` (int64 ``[rows, SORT_BLOCK]``)
+    receives the survivors before the sort; ``SORT_BLOCK`` is a power of two ``>= min(k,
+    cols)``.
+
+    ``COUNT_SEARCH``: a source in registers (``SINGLE_BLOCK``, or candidates that fit
+    ``BLOCK``) is searched by counting; other sources by radix selection streamed from
+    memory. ``SORTED_CANDIDATES``: usable candidates are already sorted (``cand`` holds
+    the pairs with their top bit flipped, sorted descending as signed numbers): their
+    first ``want`` columns are the answer; other rows are selected as without it.
+
+    ``low_skip``: leading digits of ``~column`` that are all ones for every column
+    (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
+    radix tie passes start below them. ``low_bits``: the bits of ``~column`` that vary
+    (``cols <= 2**low_bits``): the count search's tie passes.
     """
     tl.static_assert(not (SINGLE_BLOCK and FROM_CANDIDATES),
                      "SINGLE_BLOCK reads the row directly: no candidate buffer")
+    tl.static_assert(not (SORTED_CANDIDATES and not FROM_CANDIDATES),
+                     "SORTED_CANDIDATES needs the candidate buffer")
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
-    DIGITS: tl.constexpr = 32 // RADIX_BITS
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
@@ -323,86 +506,40 @@ def topk_select_kernel(
     result = tl.full([SORT_BLOCK], -1, tl.int32)
 
     if want > 0:
-        if SINGLE_BLOCK:
-            key0, low0, valid0 = _source_block(0, row_ptr, cand_row_ptr, source_len,
-                                               use_candidates, IS_BF16, False, BLOCK)
-        else:  # not read
-            key0, low0, valid0 = want.to(tl.uint32), want.to(tl.uint32), want < 0
-        # Radix selection of the want-th largest pair, key digits first. Invariant:
-        # 1 <= need <= the size of the group (the pairs whose decided digits equal the
-        # prefix); every pair above the group is a survivor.
-        need = want
-        decided_key = tl.zeros([], tl.uint32)  # the key's digits decided so far
-        threshold_key = tl.zeros([], tl.uint32)
-        threshold_low = tl.zeros([], tl.uint32)
-        searching = want > 0
-        # COMPACT: once the group fits SORT_BLOCK, it is copied to the scratch row and the
-        # remaining passes read that copy (in registers) instead of the whole source.
-        compacted = want < 0
-        group_key = tl.zeros([SORT_BLOCK], tl.uint32)
-        group_low = tl.zeros([SORT_BLOCK], tl.uint32)
-        group_valid = slots < 0
-        for word in tl.static_range(2):
-            if word == 0:
-                first = 0
-                partial = tl.zeros([], tl.uint32)
-            else:
-                first = low_skip
-                partial = tl.cast((1 << (RADIX_BITS * low_skip)) - 1, tl.uint32)
-            for d in range(first, DIGITS):
-                if searching:
-                    shift = tl.cast(32 - RADIX_BITS * (d + 1), tl.uint32)
-                    if compacted:
-                        counts = _digit_counts(group_key, group_low, group_valid, decided_key,
-                                               partial, shift, word == 1, RADIX_BITS)
-                    else:
-                        counts = _source_counts(
-                            row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0,
-                            valid0, decided_key, partial, shift, word == 1, RADIX_BITS, IS_BF16,
-                            FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
-                    digit, above, inside = _choose_digit(counts, need)
-                    need -= above
-                    partial = (partial << RADIX_BITS) | digit.to(tl.uint32)
-                    # When need equals the digit's count the whole bucket is taken: the
-                    # threshold is the prefix followed by zero bits.
-                    searching = inside != need
-                    below = (tl.full([], 1, tl.uint32) << shift) - 1  # the undecided bits
-                    if word == 0:
-                        decided_key = partial
-                        threshold_key = partial << shift
-                        # The group: keys with these top bits, any column.
-                        lo_key, lo_low = threshold_key, tl.zeros([], tl.uint32)
-                        hi_key, hi_low = threshold_key | below, tl.full([], WORD_MASK, tl.uint32)
-                    else:
-                        threshold_low = partial << shift
-                        # The group: this key, columns with these top bits of ~column.
-                        lo_key, lo_low = decided_key, threshold_low
-                        hi_key, hi_low = decided_key, threshold_low | below
-                    if COMPACT:
-                        if searching & (~compacted) & (inside <= SORT_BLOCK):
-                            _write_range(scratch_row_ptr, SORT_BLOCK, lo_key, lo_low, hi_key,
-                                         hi_low, row_ptr, cand_row_ptr, source_len,
-                                         use_candidates, key0, low0, valid0, IS_BF16,
-                                         FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
-                            tl.debug_barrier()
-                            pair = tl.load(scratch_row_ptr + slots, mask=slots < inside, other=0,
-                                           cache_modifier=".cg").to(tl.uint64, bitcast=True)
-                            group_key = (pair >> 32).to(tl.uint32)
-                            group_low = (pair & WORD_MASK).to(tl.uint32)
-                            group_valid = slots < inside
-                            compacted = inside >= 0  # True
-
-        # The survivors (exactly want of them: the pairs at or above the threshold) into
-        # the scratch row, once every thread is done with the group's copy there.
-        tl.debug_barrier()
-        _write_range(scratch_row_ptr, SORT_BLOCK, threshold_key, threshold_low, WORD_MASK,
-                     WORD_MASK, row_ptr, cand_row_ptr, source_len, use_candidates, key0, low0,
-                     valid0, IS_BF16, FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
-        # The program's own stores, read back by other threads of the program.
-        tl.debug_barrier()
-        top = tl.load(scratch_row_ptr + slots, mask=slots < want, other=0,
-                      cache_modifier=".cg").to(tl.uint64, bitcast=True)
-        top = tl.sort(top, descending=True)
+        # in_registers: the source is searched by counting in registers; copied: the
+        # sorted candidates are the answer. Otherwise radix selection.
+        in_registers = want < 0  # False
+        copied = want < 0
+        if SORTED_CANDIDATES:
+            copied = use_candidates
+        elif COUNT_SEARCH:
+            if SINGLE_BLOCK:
+                in_registers = want > 0  # True
+            elif FROM_CANDIDATES:
+                in_registers = use_candidates & (cand_count <= BLOCK)
+        if in_registers:
+            key, low, valid = _source_block(0, row_ptr, cand_row_ptr, source_len,
+                                            use_candidates, IS_BF16, FROM_CANDIDATES, BLOCK)
+            threshold_key, threshold_low = _count_threshold(key, low, valid, want, low_bits)
+            take = valid & ((key > threshold_key) | ((key == threshold_key)
+                                                     & (low >= threshold_low)))
+            position = _positions(take, BLOCK)
+            tl.store(scratch_row_ptr + position, _pair(key, low).to(tl.int64, bitcast=True),
+                     mask=take & (position < SORT_BLOCK))
+        if not (COUNT_SEARCH and SINGLE_BLOCK):  # compiled only where it may run
+            if not (in_registers | copied):
+                _radix_survivors(want, row_ptr, cand_row_ptr, source_len, use_candidates,
+                                 scratch_row_ptr, low_skip, IS_BF16, FROM_CANDIDATES,
+                                 SINGLE_BLOCK, BLOCK, SORT_BLOCK, RADIX_BITS, COMPACT)
+        if copied:
+            top = tl.load(cand_row_ptr + slots, mask=slots < want, other=0).to(
+                tl.uint64, bitcast=True)
+        else:
+            # The program's own stores, read back by other threads of the program.
+            tl.debug_barrier()
+            top = tl.load(scratch_row_ptr + slots, mask=slots < want, other=0,
+                          cache_modifier=".cg").to(tl.uint64, bitcast=True)
+            top = tl.sort(top, descending=True)
         column = (~(top & WORD_MASK).to(tl.uint32)).to(tl.int32)
         result = tl.where(slots < want, column, result)
 
