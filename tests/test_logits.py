@@ -22,6 +22,7 @@ import torch
 import indexer_kcache as ik
 from indexer_kcache import compat
 from indexer_kcache.kernels import INTERPRETED
+from indexer_kcache.kernels.logits import FP4_FOLD_SPAN, VARIANT_ROWS, VARIANT_STACKED
 from indexer_kcache.logits import (
     check_logits,
     logits_settings,
@@ -296,21 +297,126 @@ def op_call(call: dict, options: dict):
                                          **options)
 
 
+VARIANTS = {"rows": VARIANT_ROWS, "stacked": VARIANT_STACKED}
+
+
+def run_native(call: dict, options: dict, variant: int):
+    """The native (tensor-core) path of ``call`` in the given launch form: under the
+    interpreter, with integer decoding in place of the inline PTX; on a GPU, as it runs
+    there. Returns ``out``."""
+    arguments = op_call(call, options)
+    plan = check_logits(arguments)
+    if INTERPRETED:
+        plan = dataclasses.replace(plan, native=True)
+    elif not plan.native:
+        pytest.skip("no native dots on this GPU")
+    settings = logits_settings(plan.batch, plan.next_n, plan.heads, plan.num_cols,
+                               plan.use_fp4_cache, plan.q_form, plan.sm_count, INTERPRETED,
+                               True)._replace(variant=variant)
+    with logits_settings.override(settings):
+        run_logits(plan, arguments)
+    return arguments.out
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU the native path is the one tested above")
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
 @pytest.mark.parametrize("q_form", ["e4m3", "e4m3-mx", "mxfp4"])
 @pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS, ids=[f"{f}-{n}" for f, n in FORMAT_LAYOUTS])
-def test_native_path_arithmetic_under_the_interpreter(fmt, layout_name, q_form):
-    """The tensor-core path's arithmetic (E2M1 codes as e4m3 bytes in a permuted group order,
-    per-group dots and scales, query scales folded into the queries, key scales after the
-    head sum), run by the interpreter with integer decoding in place of the inline PTX.
+def test_native_path_arithmetic_under_the_interpreter(fmt, layout_name, q_form, variant):
+    """The tensor-core path's arithmetic, run by the interpreter with integer decoding in
+    place of the inline PTX, in both launch forms: row by row (E2M1 codes as e4m3 bytes in
+    a permuted group order, per-group dots and scales) and stacked (the rows' queries side
+    by side in one dot, MXFP4 keys decoded in the dot operand's order with their group
+    scales folded in); query scales folded into the queries, key scales after the head sum.
     (Not bf16 queries: the interpreter's bf16 dot is wrong.)"""
     call, options = make_call(fmt, layout_name, q_form, next_n=2, heads=8, seed=21)
-    arguments = op_call(call, options)
-    plan = dataclasses.replace(check_logits(arguments), native=True)
-    run_logits(plan, arguments)
-    got = arguments.out
     want, bound = expected(call, options)
-    assert_close(got, want, bound)
+    assert_close(run_native(call, options, VARIANTS[variant]), want, bound)
+
+
+@pytest.mark.parametrize("next_n, heads, ctx_2d", [(1, 16, False), (3, 3, True), (4, 20, False)],
+                         ids=["n1-h16", "n3-h3-ctx_2d", "n4-h20"])
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "mxfp4"), ("fp8-mx", "e4m3-mx")],
+                         ids=["fp8-q_e4m3", "mxfp4-q_mxfp4", "fp8-mx-q_e4m3-mx"])
+def test_stacked_rows_native(fmt, q_form, next_n, heads, ctx_2d):
+    """Up to four query rows in one dot (three rows fill four column slots, one dead), head
+    counts padded to a power of two, both forms of context lengths."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=next_n, heads=heads,
+                              ctx_2d=ctx_2d, block_size=64, num_blocks=6, max_blocks=3,
+                              seed=30 + next_n)
+    want, bound = expected(call, options)
+    assert_close(run_native(call, options, VARIANT_STACKED), want, bound)
+
+
+def spread_group_scales(cache: torch.Tensor, options: dict, slots, drop: int) -> torch.Tensor:
+    """A copy of an MXFP4 cache where, for each slot, one group's UE8M0 exponent is set
+    ``drop`` binades below the largest of the key's other groups (at least 1): keys whose
+    group scales lie far apart, still valid MXFP4 data."""
+    cache = cache.clone()
+    num_blocks, block_size, _ = cache.shape
+    page = cache.as_strided((num_blocks, cache.stride(0)), (cache.stride(0), 1))
+    for i, slot in enumerate(slots):
+        _, scale_at = oracle.offsets(slot % block_size, block_size, True, options["shuffle"],
+                                     options["mxfp4_n_per_tile"])
+        block, group = slot // block_size, i % 4
+        top = max(int(page[block, at]) for j, at in enumerate(scale_at) if j != group)
+        page[block, scale_at[group]] = max(1, top - drop)
+    return cache
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@pytest.mark.parametrize("drop", [FP4_FOLD_SPAN - 1, FP4_FOLD_SPAN, 40], ids=lambda d: f"drop{d}")
+@pytest.mark.parametrize("layout_name, q_form", [("row-major", "e4m3"), ("preshuffle16", "mxfp4"),
+                                                 ("preshuffle64", "e4m3-mx")],
+                         ids=["row-major-q_e4m3", "preshuffle16-q_mxfp4", "preshuffle64-q_e4m3-mx"])
+def test_mxfp4_keys_with_far_apart_group_scales(layout_name, q_form, drop, variant):
+    """The fold keeps group exponents within FP4_FOLD_SPAN - 1 of the key's largest exactly;
+    a program with a key beyond that (one group's scale ``2**-drop`` of the largest) is
+    scored again per group. Both are within the bound, for every key."""
+    call, options = make_call("mxfp4", layout_name, q_form, next_n=2, heads=8, seed=40 + drop)
+    cache = call["k_cache"]
+    num_blocks, block_size, _ = cache.shape
+    # A few keys of every block (every sequence sees some), each with another group lowered.
+    slots = [b * block_size + p for b in range(num_blocks) for p in range(b % 3, block_size, 5)]
+    call["k_cache"] = spread_group_scales(cache, options, slots, drop)
+    want, bound = expected(call, options)
+    assert_close(run_native(call, options, VARIANTS[variant]), want, bound)
+    assert_close(paged_mqa_logits(**call, **options), want, bound)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3-mx"), ("mxfp4", "mxfp4"), ("mxfp4", "e4m3-mx")],
+                         ids=["fp8-q_e4m3-mx", "mxfp4-q_mxfp4", "mxfp4-q_e4m3-mx"])
+def test_scaled_queries_that_do_not_fold(fmt, q_form, variant):
+    """Query group exponents 40 binades apart in a head: no e4m3 holds both ends, so the
+    program scores per query group (and per key group for MXFP4 keys)."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=2, heads=8, seed=50)
+    values, scales = call["q"]
+    exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()
+    exponents[0, 1, 3, 2] = 150
+    exponents[0, 1, 3, 0] = 110
+    call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
+    want, bound = expected(call, options)
+    assert_close(run_native(call, options, VARIANTS[variant]), want, bound)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+def test_poisoned_mxfp4_keys_native(variant):
+    """A UE8M0 byte 255 in one group of an MXFP4 key: NaN for that key, in both launch forms
+    (the stacked form rescans the program per group, which keeps the NaN)."""
+    call, options = make_call("mxfp4", "row-major", "e4m3", batch=1, next_n=1, seed=9,
+                              bad_blocks=False)
+    cache = call["k_cache"].clone()
+    call["k_cache"] = cache
+    call["context_lens"] = torch.tensor([40], dtype=torch.int32, device=DEVICE)
+    block_size = cache.shape[1]
+    block = int(call["block_table"][0, 21 // block_size])
+    _, scale_at = oracle.offsets(21 % block_size, block_size, True, False, 0)
+    page = cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+    page[block, scale_at[2]] = 255
+    got = run_native(call, options, VARIANTS[variant]).cpu()
+    assert torch.isnan(got[0, 21])
+    assert torch.isfinite(got[0, :40][torch.arange(40) != 21]).all()
 
 
 def test_reference_backend_matches_too():
@@ -325,6 +431,19 @@ def test_every_row_empty_and_zero_width():
     assert torch.isneginf(got).all()
     call["max_model_len"] = 0
     assert paged_mqa_logits(**call, **options).shape == (4, 0)
+
+
+@pytest.mark.parametrize("variant", [None, *VARIANTS], ids=["default", *VARIANTS])
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_cache_without_blocks(fmt, variant):
+    """A cache of zero blocks: nothing is read, every column is -inf."""
+    call, options = make_call(fmt, "row-major", "e4m3", next_n=2, seed=13)
+    call["k_cache"] = call["k_cache"][:0]
+    if variant is None:
+        got = paged_mqa_logits(**call, **options)
+    else:
+        got = run_native(call, options, VARIANTS[variant])
+    assert torch.isneginf(got).all()
 
 
 def test_max_model_len_narrower_than_the_table():
@@ -404,10 +523,19 @@ def test_poisoned_keys_score_nan():
 def test_settings_are_deterministic_and_split_long_rows():
     a = logits_settings(1, 1, 64, 131072, False, 1, 132, interpreted=False)
     assert a == logits_settings(1, 1, 64, 131072, False, 1, 132, interpreted=False)
-    assert a.splits > 1 and a.rows == 1
-    b = logits_settings(64, 4, 64, 32768, True, 3, 132, interpreted=False)
-    assert b.rows == 4
+    assert a.splits > 1 and a.rows == 1 and a.variant == VARIANT_STACKED
+    assert logits_settings(64, 4, 64, 32768, False, 1, 132, interpreted=False).rows == 4
+    # Scaled queries against MXFP4 keys: two rows a program (registers).
+    assert logits_settings(64, 4, 64, 32768, True, 3, 132, interpreted=False).rows == 2
+    # At most 256 columns (rows times padded heads) in one dot.
     assert logits_settings(2, 4, 128, 4096, False, 0, 132, interpreted=False).rows <= 2
+    assert logits_settings(2, 4, 100, 4096, False, 1, 132, interpreted=False).rows == 2
+    # A register cap where the rare exact paths would otherwise set the count.
+    assert logits_settings(8, 1, 64, 32768, True, 1, 132, interpreted=False).max_registers > 0
+    assert logits_settings(8, 1, 64, 32768, False, 1, 132, interpreted=False).max_registers == 0
+    # A small call: a tile a program.
+    small = logits_settings(1, 1, 64, 4096, False, 1, 132, interpreted=False)
+    assert small.splits == 4096 // small.block_n
 
 
 def test_plan_is_frozen_and_complete():

@@ -23,7 +23,15 @@ import torch
 from . import checks, layout
 from .checks import fail_type, fail_value
 from .kernels import INTERPRETED
-from .kernels.logits import MAX_ROWS, Q_BF16, Q_E4M3, Q_E4M3_MX, Q_MXFP4, paged_mqa_logits_kernel
+from .kernels.logits import (
+    MAX_ROWS,
+    Q_BF16,
+    Q_E4M3,
+    Q_E4M3_MX,
+    Q_MXFP4,
+    VARIANT_STACKED,
+    paged_mqa_logits_kernel,
+)
 from .launcher import Kernel, KernelLaunch, declare_op, tunable
 from .reference import logits as reference_logits
 
@@ -57,6 +65,13 @@ class LogitsSettings(NamedTuple):
     splits: int  # programs per (sequence, row group), each a contiguous range of positions
     num_warps: int
     num_stages: int  # software-pipelining depth of the tile loop
+    # kernels.logits.VARIANT_ROWS (a dot per row, MXFP4 keys per group) or VARIANT_STACKED
+    # (the rows' queries in one dot, MXFP4 group scales folded into the keys); native only.
+    variant: int = VARIANT_STACKED
+    # A cap on registers per thread (0: none), for the compiler: the rare exact paths of
+    # the stacked form (keys or queries per group) need more than its tile loop, and more
+    # programs fit on an SM when they spill instead.
+    max_registers: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -276,31 +291,45 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     """Launch settings for a shape; deterministic in its arguments.
 
     A program scores up to four query rows of one sequence (every key tile is read once for
-    all of them) over a contiguous range of positions. Splitting each sequence's
-    positions over programs keeps every SM busy when there are few sequences: about
-    ``PROGRAMS_PER_SM`` programs per SM, each at least ``MIN_TILES`` tiles, at most
-    ``MAX_TILES`` (many short programs even out the end of the launch). Without native dots
-    (float32 tiles in registers) a program takes one row and smaller tiles.
+    all of them; natively their queries sit side by side in one dot of at most
+    ``MAX_DOT_COLUMNS`` columns) over a contiguous range of positions. Splitting each
+    sequence's positions over programs keeps every SM busy when there are few sequences:
+    about ``PROGRAMS_PER_SM`` programs per SM, each of ``MIN_TILES`` to ``MAX_TILES``
+    tiles (short programs even out the end of the launch; a few more tiles a program for
+    several rows, whose queries cost more to load). Without native dots (float32 tiles in
+    registers) a program takes one row and smaller tiles.
     """
     head_pad = _head_pad(heads)
     q_bytes = layout.HEAD_DIM * head_pad * (2 if q_form == Q_BF16 else 1)
-    rows = max(1, min(next_n, MAX_ROWS, MAX_Q_BYTES_PER_PROGRAM // q_bytes))
+    rows = max(1, min(next_n, MAX_ROWS, MAX_Q_BYTES_PER_PROGRAM // q_bytes,
+                      MAX_DOT_COLUMNS // head_pad))
+    if use_fp4_cache and q_form >= Q_E4M3_MX and not interpreted:
+        # Four rows of scaled queries against MXFP4 keys need more registers than there are.
+        rows = min(rows, 2)
     if interpreted:  # the interpreter's cost is per program and per operation: few, large
         return LogitsSettings(64, rows, 1, 4, 1)
-    block_n, num_warps, num_stages = 64, 4, 3
+    block_n, num_warps, num_stages, max_registers = 64, 4, 3, 0
     if not native:
         rows, block_n, num_stages = 1, 32, 2
+    elif rows == 1 and (use_fp4_cache or q_form >= Q_E4M3_MX):
+        max_registers = FALLBACK_REGISTERS_BF16 if q_form == Q_BF16 else FALLBACK_REGISTERS
     row_groups = batch * -(-next_n // rows)
     tiles = max(-(-num_cols // block_n), 1)
     wanted = PROGRAMS_PER_SM * sm_count
-    per_program = min(max(-(-tiles * row_groups // wanted), MIN_TILES), MAX_TILES)
+    least = MIN_TILES if rows == 1 else MIN_TILES_ROWS
+    per_program = min(max(-(-tiles * row_groups // wanted), least), MAX_TILES)
     splits = max(-(-tiles // per_program), 1)
-    return LogitsSettings(block_n, rows, splits, num_warps, num_stages)
+    return LogitsSettings(block_n, rows, splits, num_warps, num_stages,
+                          VARIANT_STACKED, max_registers)
 
 
 PROGRAMS_PER_SM = 4
-MIN_TILES = 4
-MAX_TILES = 64
+MIN_TILES = 1
+MIN_TILES_ROWS = 4
+MAX_TILES = 16
+MAX_DOT_COLUMNS = 256  # the N of one Hopper tensor-core instruction
+FALLBACK_REGISTERS = 128  # the tile loop of one row fits (no spills) with e4m3 queries
+FALLBACK_REGISTERS_BF16 = 168  # and with bf16 queries (their keys converted to bf16)
 
 
 # ------------------------------------------------------------------------------ launch
@@ -336,15 +365,20 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
                    ) -> tuple[KernelLaunch, tuple[int, int, int]]:
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
+    options = {"maxnreg": settings.max_registers} if settings.max_registers else None
     launch = LOGITS_KERNEL.launch(
-        plan.device, num_warps=settings.num_warps, **plan.strides,
+        plan.device, num_warps=settings.num_warps, options=options, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
         chunk=chunk, tail_chunk=tail_chunk, heads=plan.heads,
         NEXT_N=plan.next_n, ROWS=settings.rows, CTX_2D=plan.ctx_2d, Q_FORM=plan.q_form,
         W_BF16=plan.weights_bf16, USE_FP4=plan.use_fp4_cache, MX_SCALES=plan.mx_scales,
         LAYOUT=plan.layout, N_PER_TILE=plan.n_per_tile, BLOCK_SIZE=plan.block_size,
         HP=plan.head_pad, BLOCK_N=settings.block_n, NUM_STAGES=settings.num_stages,
-        CLEAN=plan.clean_logits, NATIVE=plan.native, SCALE_WORDS=scale_words)
+        CLEAN=plan.clean_logits, NATIVE=plan.native, SCALE_WORDS=scale_words,
+        VARIANT=settings.variant,
+        # Warps along the keys (MXFP4 rows are laid out for them; extra warps split columns).
+        WARPS=min(settings.num_warps, max(settings.block_n // 16, 1)),
+        HAS_BLOCKS=plan.num_blocks > 0)
     return launch, (plan.batch * row_groups, splits, 1)
 
 

@@ -4,29 +4,38 @@
 
 Program ``(s, g)`` takes rows ``g * ROWS ..`` of one sequence and a contiguous range of
 ``chunk`` positions (``s``-th of the sequence), ``BLOCK_N`` keys at a time. Keys are the
-dot's M dimension: a tile ``[BLOCK_N, 128]`` times each row's ``q^T [128, heads]`` gives
-``[BLOCK_N, heads]``; relu, the row's head weights and a sum over the heads leave one
-logit per key. Each key tile is read once for all the program's rows.
+dot's M dimension: a tile ``[BLOCK_N, 128]`` times ``q^T [128, heads]`` gives ``[BLOCK_N,
+heads]``; relu, the row's head weights and a sum over the heads leave one logit per key.
+Each key tile is read once for all the program's rows.
 
 Two ways to compute, chosen by ``NATIVE``:
 
 * portable (the CPU interpreter, GPUs without FP8 dots): keys and queries decoded to
   float32 with their scales (``numerics``' exact conversions), one float32 dot;
-* native (NVIDIA sm_89 and newer): FP8 keys and e4m3 queries meet in one FP8 dot; bf16
-  queries in a bf16 dot (e4m3 and E2M1 values are exact in bf16); per-32-dim scales
-  (MXFP4 keys, scaled queries) as four K=32 dots whose float32 partial sums are scaled
-  before they are added. MXFP4 keys are decoded in registers, four at a time in 32-bit
-  words: an E2M1 code ``c`` becomes the e4m3 byte ``((c & 7) << 2) | ((c & 8) << 4)``,
-  the same value times 2**-6 exactly (subnormals included); the 2**6 is folded into the
-  head weights. FP8 key scales are positive powers of two, applied once per key after the
-  relu and the head sum. Scaled queries are first tried with each head's largest scale
-  factored out into its weight and the rest folded into e4m3 query values (``_q_folded``):
-  when that is exact for all the program's rows (the usual case for MXFP4 queries), they
-  are scored like unscaled e4m3 queries; otherwise with a dot per group.
+* native (NVIDIA sm_89 and newer): FP8 keys and e4m3 queries meet in FP8 dots; bf16
+  queries in bf16 dots (e4m3 and E2M1 values are exact in bf16). FP8 key scales are
+  positive powers of two, applied once per key after the relu and the head sum. Scaled
+  queries are first tried with each head's largest scale factored out into its weight and
+  the rest folded into e4m3 query values: when that is exact for all the program's rows
+  (the usual case for MXFP4 queries), they are scored like unscaled e4m3 queries;
+  otherwise per 32-dim group.
+
+The native path has two launch forms (``VARIANT``):
+
+* ``VARIANT_ROWS``: a dot per query row; MXFP4 keys decoded four codes at a time (an E2M1
+  code ``c`` becomes the e4m3 byte ``((c & 7) << 2) | ((c & 8) << 4)``, the same value
+  times 2**-6, the 2**6 in the weights) and scored as four K=32 dots whose partial sums
+  are scaled per group before they are added.
+* ``VARIANT_STACKED``: the rows' queries side by side in one dot (``ROWS * HP`` columns);
+  MXFP4 keys decoded by table lookups (``_FP4_WORD_PTX``) straight into the registers the
+  tensor cores read (``_dot_row``, ``_fp4_dim``), each key's group scales folded into the
+  decoded values relative to its largest (``_tile_scores``), which is applied after the
+  head sum: one K=128 dot a tile. A key whose group exponents lie too far apart for the
+  fold scores NaN, and its program scores its rows again per group (``_rescan_rows``).
 
 A NaN scale (UE8M0 byte 255, or an fp32 NaN) gives NaN logits for its key. Positions whose
-block id is outside ``[0, num_blocks)`` are never read and score ``-inf``. Nothing outside
-the tensors is read or written: every load and store is masked, offsets are int64.
+block id is outside ``[0, num_blocks)`` score ``-inf`` (block 0, or nothing, is read in
+their place). Nothing outside the tensors is read or written; offsets are int64.
 """
 
 import os
@@ -43,6 +52,16 @@ Q_E4M3 = 1
 Q_E4M3_MX = 2  # e4m3 values with per-32-dim UE8M0 scales
 Q_MXFP4 = 3  # packed E2M1 pairs with per-32-dim UE8M0 scales
 MAX_ROWS = 4  # query rows a program scores together (the unrolled row slots below)
+# Launch forms (``VARIANT``): 0 scores row by row, MXFP4 keys per group; 1 stacks the rows'
+# queries into one dot and folds MXFP4 keys' group scales into their decoded values.
+VARIANT_ROWS = 0
+VARIANT_STACKED = 1
+# MXFP4 keys fold exactly while a key's group exponents lie within FP4_FOLD_SPAN - 1 of
+# each other: the largest group decodes to E2M1 times 2**(FP4_FOLD_SPAN - 6) (6 * 2**6 =
+# 384 is the largest e4m3 number of that form), the smallest kept to times 2**-5 (0.5
+# times it is e4m3's smallest normal).
+FP4_FOLD_SPAN = 12
+FP4_FOLD_TOP: tl.constexpr = tl.constexpr(FP4_FOLD_SPAN)
 # The native path decodes MXFP4 keys with inline PTX; under the CPU interpreter (which runs
 # no PTX) the same bytes come from integer operations, so that tests can run that path.
 _PTX_DECODE: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
@@ -380,6 +399,38 @@ def _key_operand(codes, Q_FORM: tl.constexpr):
     return x
 
 
+# An f16 pair converted from e4m3 (a normal number or zero, its low 7 mantissa bits zero)
+# -> the bf16 pair of the same values: the exponent and mantissa bits moved down by 3 read
+# as a bf16 of the value times 2**-112 (both exponents count from the field's bottom;
+# nothing of the other half moves in, its low bits being zero), then one exact bf16 multiply
+# by 2**112 (0x7780). Instead of two f16 -> bf16 conversions, which run at a quarter rate.
+_F16_TO_BF16_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 t, s, c;
+shr.b32 t, $1, 3;
+and.b32 s, $1, 0x80008000;
+and.b32 t, t, 0x0FFF0FFF;
+or.b32 t, t, s;
+mov.b32 c, 0x77807780;
+mul.rn.bf16x2 $0, t, c;
+}
+""")
+
+
+@triton.jit
+def _key_operand_v1(codes, Q_FORM: tl.constexpr):
+    """``_key_operand`` of the stacked form: e4m3 bytes to bf16 through f16 (one conversion
+    a pair, then ``_F16_TO_BF16_PTX``)."""
+    x = codes.to(tl.float8e4nv, bitcast=True)
+    if Q_FORM == 0:
+        if _PTX_DECODE:
+            x = tl.inline_asm_elementwise(_F16_TO_BF16_PTX, "=r,r", [x.to(tl.float16)],
+                                          dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            x = x.to(tl.bfloat16)
+    return x
+
+
 # ------------------------------------------------------------------------------- scoring
 @triton.jit
 def _row_scores(tile, row, NATIVE: tl.constexpr, GROUPED: tl.constexpr,
@@ -518,6 +569,559 @@ def _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_ba
                        CLEAN)
 
 
+# ------------------------------------------------------------- stacked rows (VARIANT 1)
+# The second form of the native path: one dot per key tile for all the program's query
+# rows (their queries side by side, ``ROWS * HP`` columns), and MXFP4 keys decoded straight
+# into the registers the tensor cores read, with each key's group scales folded into the
+# decoded values. See the module docstring.
+
+
+@triton.jit
+def _fp4_tables(k):
+    """The e4m3 bytes of the eight E2M1 magnitudes times ``2**(k - 6)`` for an int32 ``k``
+    in ``[1, FP4_FOLD_TOP]``, as two little-endian words (magnitudes 0-3, 4-7): ``0.5 *
+    2**(k - 6)`` is the normal number of exponent field ``k``, and every byte steps by
+    ``8 k`` (one exponent step each) with ``k``."""
+    return k * 0x08080800 + 0x0C080000, k * 0x08080808 + 0x1C181410
+
+
+# One 32-bit word of packed E2M1 pairs (elements 0-7, element 2i in the low nibble of byte
+# i) and the lookup table of its 32-dim group (``_fp4_tables``) -> two words of e4m3 bytes,
+# elements 0-3 and 4-7 in order. ``prmt`` looks the magnitudes up (a nibble of the
+# selector picks one of the eight table bytes; the sign bit is masked off, as it would
+# select a sign fill); the signs come from the nibbles' top bits, moved to bit 7 of their
+# bytes: those of the odd elements already are in place (bits 7, 15, ...), those of the
+# even ones are after a shift by 4.
+_FP4_WORD_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 m, mh, u, a, b, s0, s1;
+and.b32 m, $2, 0x77777777;
+prmt.b32 a, $3, $4, m;
+shr.b32 mh, m, 16;
+prmt.b32 b, $3, $4, mh;
+shl.b32 u, $2, 4;
+prmt.b32 s0, $2, u, 0x1504;
+prmt.b32 s1, $2, u, 0x3726;
+lop3.b32 $0, a, s0, 0x80808080, 0xF8;
+lop3.b32 $1, b, s1, 0x80808080, 0xF8;
+}
+""")
+
+
+@triton.jit
+def _fp4_word(word, t_lo, t_hi):
+    """``_FP4_WORD_PTX`` on int32 tensors (elementwise); integer operations under the
+    interpreter."""
+    if _PTX_DECODE:
+        low, high = tl.inline_asm_elementwise(
+            _FP4_WORD_PTX, "=r,=r,r,r,r", [word, t_lo, t_hi], dtype=(tl.int32, tl.int32),
+            is_pure=True, pack=1)
+    else:
+        low = tl.zeros_like(word)
+        high = tl.zeros_like(word)
+        for i in tl.static_range(8):
+            code = (word >> (4 * i)) & 0xF
+            m = code & 7
+            table = tl.where(m < 4, t_lo, t_hi)
+            byte = ((table >> (8 * (m & 3))) & 0xFF) | ((code & 8) << 4)
+            if i < 4:
+                low = low | (byte << (8 * i))
+            else:
+                high = high | (byte << (8 * (i - 4)))
+    return low, high
+
+
+@triton.jit
+def _fp4_dim(p, BF16: tl.constexpr):
+    """The dim (0..127) that position ``p`` of the K dimension holds in a decoded MXFP4 key
+    operand (queries are loaded in the same order).
+
+    Thread ``c`` of a quad holds, for its keys, the positions of one group (dims ``32 c ..
+    32 c + 31``, 16 contiguous bytes of the cache): in the e4m3 dot operand the positions
+    ``32 k + 16 W + 4 c + e`` (``e`` < 4 bytes of a 32-bit register), in the bf16 one
+    ``32 k + 16 W + 8 J + 2 c + h`` (``e = 2 J + h``, two values a register). Word ``k``
+    of the group (elements ``8 k .. 8 k + 7``) decodes to two registers ``W`` of four
+    elements ``8 k + 4 W + e`` each."""
+    if BF16:
+        c = (p // 2) % 4
+        rest = 2 * (p // 8) + p % 2  # 32 k + 16 W + 8 J + 2 c + h -> 8 k + 4 W + 2 J + h
+    else:
+        c = (p // 4) % 4
+        rest = 4 * (p // 16) + p % 4  # 32 k + 16 W + 4 c + e -> 8 k + 4 W + e
+    return 32 * c + rest
+
+
+@triton.jit
+def _dot_row(i, WARPS: tl.constexpr):
+    """The tile row (key) that row ``i`` of a decoded MXFP4 operand holds.
+
+    A ``[BLOCK_N, 64]`` byte load gives each thread 16 contiguous bytes of a key: 8 lanes
+    down the rows, 4 across, then the warps down the rows (rows ``8 w + l``, then again
+    ``8 WARPS`` further). The dot operand wants each warp's 16 rows as ``8`` lanes and a
+    register (rows ``16 w + l`` and ``16 w + l + 8``). Putting tile row ``8 (2 r WARPS
+    + s WARPS + w) + l`` at dot row ``8 (2 (r WARPS + w) + s) + l`` makes the two the same,
+    so the decoded keys go to the tensor cores without a trip through shared memory."""
+    return (((i // (16 * WARPS)) * 2 + (i // 8) % 2) * WARPS + (i // 16) % WARPS) * 8 + i % 8
+
+
+@triton.jit
+def _to_dot_rows(x, BLOCK_N: tl.constexpr, WARPS: tl.constexpr, COLS: tl.constexpr):
+    """Rows of a ``[BLOCK_N, COLS]`` tile in ``_dot_row`` order."""
+    x = tl.reshape(x, [BLOCK_N // (16 * WARPS), 2, WARPS, 8, COLS])
+    return tl.reshape(tl.permute(x, [0, 2, 1, 3, 4]), [BLOCK_N, COLS])
+
+
+@triton.jit
+def _fp4_words(packed, BLOCK_N: tl.constexpr):
+    """uint8 ``[BLOCK_N, 64]`` packed keys -> int32 ``[BLOCK_N, 4, 4]`` words (group, word
+    of the group), each from four bytes (little-endian; shifts and ors that compile to
+    nothing when the bytes share a register)."""
+    x = tl.reshape(packed, [BLOCK_N, 16, 2, 2])  # [key, word, byte // 2, byte % 2]
+    even, odd = tl.split(x)
+    b0, b2 = tl.split(even)
+    b1, b3 = tl.split(odd)
+    word = (b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16)
+            | (b3.to(tl.uint32) << 24))
+    return tl.reshape(word.to(tl.int32, bitcast=True), [BLOCK_N, 4, 4])
+
+
+@triton.jit
+def _fp4_operand(words, t_lo, t_hi, BLOCK_N: tl.constexpr, BF16: tl.constexpr):
+    """Words ``[BLOCK_N, 4, 4]`` and per-(key, group) tables ``[BLOCK_N, 4]`` -> e4m3 bytes
+    ``[BLOCK_N, 128]`` (uint8) in ``_fp4_dim`` order."""
+    t_lo = tl.broadcast_to(tl.reshape(t_lo, [BLOCK_N, 4, 1]), [BLOCK_N, 4, 4])
+    t_hi = tl.broadcast_to(tl.reshape(t_hi, [BLOCK_N, 4, 1]), [BLOCK_N, 4, 4])
+    low, high = _fp4_word(words, t_lo, t_hi)
+    x = tl.join(low, high)  # [key, group c, k, W]
+    e0 = x.to(tl.uint8)
+    e1 = (x >> 8).to(tl.uint8)
+    e2 = (x >> 16).to(tl.uint8)
+    e3 = (x >> 24).to(tl.uint8)
+    x = tl.join(tl.join(e0, e2), tl.join(e1, e3))  # [key, c, k, W, J, h]: element 2 J + h
+    if BF16:
+        x = tl.permute(x, [0, 2, 3, 4, 1, 5])  # [key, k, W, J, c, h]
+    else:
+        x = tl.permute(x, [0, 2, 3, 1, 4, 5])  # [key, k, W, c, J, h]
+    return tl.reshape(x, [BLOCK_N, 128])
+
+
+@triton.jit
+def _pow2_or_zero(e):
+    """2**e as float32 for int32 e <= 127; 0 below 2**-126."""
+    return tl.where(e < -126, 0.0, pow2(tl.maximum(e, -126)))
+
+
+@triton.jit
+def _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N: tl.constexpr, ROWS: tl.constexpr,
+             RP: tl.constexpr, CTX_2D: tl.constexpr):
+    """(limit [RP], valid [RP]) of the program's rows ``i0 ..``: row ``i0 + r`` sees
+    ``t < limit[r]``; slots past ``ROWS`` or ``NEXT_N`` are not valid (limit 0)."""
+    r = tl.arange(0, RP)
+    valid = (r < ROWS) & (i0 + r < NEXT_N)
+    if CTX_2D:
+        n = tl.load(ctx_ptr + b * ctx_sb + (i0 + r) * ctx_si, mask=valid, other=0).to(tl.int64)
+    else:
+        n = tl.load(ctx_ptr + b * ctx_sb).to(tl.int64) - NEXT_N + 1 + i0 + r
+    limit = tl.minimum(tl.maximum(n, 0), num_cols).to(tl.int32)
+    return tl.where(valid, limit, 0), valid
+
+
+@triton.jit
+def _columns(b, i0, heads, NEXT_N: tl.constexpr, ROWS: tl.constexpr, HP: tl.constexpr,
+             RH: tl.constexpr):
+    """(row slot [1, RH], head [1, RH], live [1, RH]) of the stacked columns: column ``j``
+    is head ``j % HP`` of row ``i0 + j // HP``."""
+    j = tl.arange(0, RH)[None, :]
+    r = j // HP
+    h = j % HP
+    return r, h, (r < ROWS) & (i0 + r < NEXT_N) & (h < heads)
+
+
+@triton.jit
+def _weights_v1(w_ptr, w_sr, w_sh, b, i0, heads, NEXT_N: tl.constexpr, ROWS: tl.constexpr,
+                HP: tl.constexpr, RH: tl.constexpr, W_BF16: tl.constexpr):
+    """The head weights of the stacked columns, float32 [RH] (0 for dead columns)."""
+    r, h, live = _columns(b, i0, heads, NEXT_N, ROWS, HP, RH)
+    raw = tl.load(w_ptr + (b * NEXT_N + i0 + r) * w_sr + h * w_sh, mask=live, other=0)
+    if W_BF16:
+        w = ((raw.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    else:
+        w = raw
+    return tl.reshape(w, [RH])
+
+
+@triton.jit
+def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
+          NEXT_N: tl.constexpr, ROWS: tl.constexpr, Q_FORM: tl.constexpr, HP: tl.constexpr,
+          RH: tl.constexpr, FOLD: tl.constexpr):
+    """The stacked query operand ``q^T [128, RH]``, rows ``d`` (dims). Not ``FOLD``: the
+    values as the dot takes them (bf16, e4m3, E2M1 as e4m3 times 2**-6), scales not
+    applied; returns (operand, 1, 1.0). ``FOLD`` (scaled queries): as ``_q_folded``, each
+    column's largest scale factored out; returns (operand, exact, column factor [RH])."""
+    r, h, live = _columns(b, i0, heads, NEXT_N, ROWS, HP, RH)
+    base = q_ptr + b * q_sb + (i0 + r) * q_si + h * q_sh  # [1, RH]
+    dd = d[:, None]
+    if FOLD:
+        word = tl.load(qs_ptr + b * qs_sb + (i0 + r) * qs_si + h, mask=live, other=0)
+        b0 = word & 0xFF
+        b1 = (word >> 8) & 0xFF
+        b2 = (word >> 16) & 0xFF
+        b3 = (word >> 24) & 0xFF
+        top = tl.maximum(tl.maximum(b0, b1), tl.maximum(b2, b3))
+        g = dd // 32
+        exponent = tl.where(g == 0, b0, tl.where(g == 1, b1, tl.where(g == 2, b2, b3)))
+        if Q_FORM == 3:
+            byte = tl.load(base + dd // 2, mask=live, other=0).to(tl.int32)
+            x = e2m1_to_float((byte >> (4 * (dd % 2))) & 0xF) * 64.0
+            factor = ue8m0_to_float(top) * 0.015625  # the 2**6 above
+        else:
+            x = tl.load(base + dd, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
+            x = x.to(tl.float32)
+            factor = ue8m0_to_float(top)
+        x = x * pow2(tl.maximum(exponent - top, -64))
+        values = x.to(tl.float8e4nv)
+        exact = tl.min(tl.min(((values.to(tl.float32) == x) | ~live).to(tl.int32), axis=1),
+                       axis=0)
+        return values, exact, tl.reshape(factor, [RH])
+    else:
+        if Q_FORM == 0:
+            x = tl.load(base + dd, mask=live, other=0).to(tl.bfloat16, bitcast=True)
+        elif Q_FORM == 3:
+            byte = tl.load(base + dd // 2, mask=live, other=0).to(tl.int32)
+            x = _e2m1_code_to_e4m3((byte >> (4 * (dd % 2))) & 0xF).to(tl.float8e4nv,
+                                                                       bitcast=True)
+        else:
+            x = tl.load(base + dd, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
+        return x, 1, 1.0
+
+
+@triton.jit
+def _q_scale_words(qs_ptr, qs_sb, qs_si, b, i0, heads, NEXT_N: tl.constexpr,
+                   ROWS: tl.constexpr, HP: tl.constexpr, RH: tl.constexpr):
+    """The columns' four UE8M0 bytes as int32 [RH] (0 for dead columns)."""
+    r, h, live = _columns(b, i0, heads, NEXT_N, ROWS, HP, RH)
+    word = tl.load(qs_ptr + b * qs_sb + (i0 + r) * qs_si + h, mask=live, other=0)
+    return tl.reshape(word, [RH])
+
+
+@triton.jit
+def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.constexpr,
+             MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr,
+             BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_WORDS: tl.constexpr,
+             WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr):
+    """The keys of positions ``t0 ..``, as (positions t [BLOCK_N], readable [BLOCK_N], ...):
+    FP8: (..., key scale [BLOCK_N], codes uint8 [BLOCK_N, 128]); MXFP4: (..., the four
+    group exponents as int32 [BLOCK_N], words int32 [BLOCK_N, 4, 4]), rows in ``_dot_row``
+    order."""
+    VALUE_BYTES: tl.constexpr = 64 if USE_FP4 else 128
+    lanes = tl.arange(0, BLOCK_N)
+    if USE_FP4:
+        order = _dot_row(lanes, WARPS)
+    else:
+        order = lanes
+    t = t0 + order  # the positions of the scored rows
+    d = tl.arange(0, VALUE_BYTES)[None, :]
+    if BLOCK_SIZE % BLOCK_N == 0:
+        # The tile lies in one block: one block id, one page (every row of a valid page is
+        # read, those past ``hi`` too; their scores are not written). An invalid block id
+        # scores -inf; block 0 is read in its place (nothing is read without blocks).
+        block = tl.load(table_row + t0 // BLOCK_SIZE).to(tl.int64)
+        ok = (block >= 0) & (block < num_blocks)
+        page = cache_ptr + tl.where(ok, block, 0) * page_stride
+        readable = t < tl.where(ok, hi, 0)
+        if BLOCK_SIZE == BLOCK_N:  # t0 is a multiple of BLOCK_N: offsets fixed per thread
+            p0 = 0
+        else:
+            p0 = t0 % BLOCK_SIZE
+        value_ptrs = page + value_offset_tl((p0 + lanes)[:, None], d, BLOCK_SIZE, VALUE_BYTES,
+                                            LAYOUT, N_PER_TILE)
+        if HAS_BLOCKS:
+            values = tl.load(value_ptrs)
+        else:
+            values = tl.load(value_ptrs, mask=(lanes < 0)[:, None], other=0)
+        p = p0 + order
+        key_page = page
+        key_mask = lanes < (BLOCK_N if HAS_BLOCKS else 0)
+        rows_page = page
+        rows_mask = key_mask[:, None]
+    else:
+        tn = t0 + lanes  # the rows as loaded
+        block_n = tl.load(table_row + tn // BLOCK_SIZE, mask=tn < hi, other=-1).to(tl.int64)
+        ok_n = (tn < hi) & (block_n >= 0) & (block_n < num_blocks)
+        page_n = cache_ptr + tl.where(ok_n, block_n, 0) * page_stride
+        values = tl.load(page_n[:, None] + value_offset_tl(
+            (tn % BLOCK_SIZE)[:, None], d, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE),
+            mask=ok_n[:, None], other=0)
+        if USE_FP4:
+            block = tl.load(table_row + t // BLOCK_SIZE, mask=t < hi, other=-1).to(tl.int64)
+            readable = (t < hi) & (block >= 0) & (block < num_blocks)
+            key_page = cache_ptr + tl.where(readable, block, 0) * page_stride
+        else:
+            readable = ok_n
+            key_page = page_n
+        p = t % BLOCK_SIZE
+        key_mask = readable
+        rows_page = key_page[:, None]
+        rows_mask = readable[:, None]
+    if USE_FP4:
+        # The four exponent bytes of each key: one int32 where the pages allow.
+        if SCALE_WORDS and LAYOUT != 2:
+            first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+            word = tl.load((key_page + first).to(tl.pointer_type(tl.int32)), mask=key_mask,
+                           other=0)
+        else:
+            i4 = tl.arange(0, 4)[None, :]
+            bytes4 = tl.load(rows_page + scale_offset_tl(p[:, None], i4, BLOCK_SIZE,
+                                                         VALUE_BYTES, LAYOUT, N_PER_TILE),
+                             mask=rows_mask, other=0)
+            word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
+        return t, readable, word, _fp4_words(_to_dot_rows(values, BLOCK_N, WARPS, 64), BLOCK_N)
+    else:
+        first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+        if MX_SCALES:  # four equal UE8M0 bytes
+            key_scale = ue8m0_to_float(tl.load(key_page + first, mask=key_mask, other=0))
+        elif SCALE_WORDS:
+            key_scale = tl.load((key_page + first).to(tl.pointer_type(tl.float32)),
+                                mask=key_mask, other=0)
+        else:
+            i4 = tl.arange(0, 4)[None, :]
+            bytes4 = tl.load(rows_page + first[:, None] + i4, mask=rows_mask, other=0)
+            word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
+            key_scale = word.to(tl.float32, bitcast=True)
+        return t, readable, key_scale, values
+
+
+@triton.jit
+def _byte_max_min(word):
+    """(largest, smallest) of the four bytes of int32 ``word``, in-thread."""
+    b0 = word & 0xFF
+    b1 = (word >> 8) & 0xFF
+    b2 = (word >> 16) & 0xFF
+    b3 = (word >> 24) & 0xFF
+    return (tl.maximum(tl.maximum(b0, b1), tl.maximum(b2, b3)),
+            tl.minimum(tl.minimum(b0, b1), tl.minimum(b2, b3)))
+
+
+@triton.jit
+def _fp4_grouped_acc(words, word, emax, q_op, q_scales, GROUPED_Q: tl.constexpr,
+                     Q_FORM: tl.constexpr, BLOCK_N: tl.constexpr, RH: tl.constexpr):
+    """A tile of MXFP4 keys scored per 32-dim group: four dots, each of one group's values
+    (E2M1 times 2**6; the tables of the other groups are zero), scaled by the group's scale
+    relative to the key's largest and, with ``GROUPED_Q`` (unfolded queries), by the
+    columns' scales of the group (bytes of ``q_scales``). ``[BLOCK_N, RH]``. (A loop, not
+    unrolled: the groups' operands are not all live at once.)"""
+    top_lo, top_hi = _fp4_tables(FP4_FOLD_TOP)
+    group = tl.arange(0, 4)[None, :]
+    acc = tl.zeros([BLOCK_N, RH], dtype=tl.float32)
+    for g in range(4):
+        t_lo = tl.broadcast_to(tl.where(group == g, top_lo, 0), [BLOCK_N, 4])
+        t_hi = tl.broadcast_to(tl.where(group == g, top_hi, 0), [BLOCK_N, 4])
+        codes = _fp4_operand(words, t_lo, t_hi, BLOCK_N, Q_FORM == 0)
+        part = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+        part = part * _pow2_or_zero(((word >> (8 * g)) & 0xFF) - emax)[:, None]
+        if GROUPED_Q:
+            part = part * ue8m0_to_float((q_scales >> (8 * g)) & 0xFF)[None, :]
+        acc += part
+    return acc
+
+
+@triton.jit
+def _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM: tl.constexpr, BLOCK_N: tl.constexpr,
+                     RH: tl.constexpr):
+    """A tile of FP8 keys against unfolded scaled queries: four dots, one per 32-dim group
+    (the other dims' bytes zeroed), each scaled by the columns' scales of the group."""
+    group = tl.arange(0, 128)[None, :] // 32
+    acc = tl.zeros([BLOCK_N, RH], dtype=tl.float32)
+    for g in range(4):
+        part = tl.dot(_key_operand_v1(tl.where(group == g, codes, 0), Q_FORM), q_op,
+                      out_dtype=tl.float32)
+        acc += part * ue8m0_to_float((q_scales >> (8 * g)) & 0xFF)[None, :]
+    return acc
+
+
+@triton.jit
+def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
+                 GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, Q_FORM: tl.constexpr,
+                 BLOCK_N: tl.constexpr, RP: tl.constexpr, HP: tl.constexpr):
+    """The logits ``[BLOCK_N, RP]`` of a tile for the program's rows.
+
+    MXFP4 keys, not ``GROUPED``: each key's group exponents ``e_g`` give ``k_g =
+    FP4_FOLD_TOP + e_g - max e``; with every ``k_g >= 1`` (exponents within ``FP4_FOLD_TOP
+    - 1`` of each other) its groups decode exactly to E2M1 times ``2**(k_g - 6)`` and the
+    tile is one dot, the key's largest scale ``2**(max e - 127)`` applied after the head
+    sum (the ``2**-6`` is in the weights). A key outside that range, or with a NaN scale
+    (byte 255), scores NaN, which makes the caller score the program again ``GROUPED``:
+    per group (``_fp4_grouped_acc``), exact for every key. FP8 keys: one dot, or per group
+    with ``GROUPED_Q``."""
+    RH: tl.constexpr = RP * HP
+    if USE_FP4:
+        t, readable, word, words = tile
+        emax, emin = _byte_max_min(word)
+        if GROUPED:
+            key_factor = ue8m0_to_float(emax)  # NaN for a byte 255
+            acc = _fp4_grouped_acc(words, word, emax, q_op, q_scales, GROUPED_Q, Q_FORM,
+                                   BLOCK_N, RH)
+        else:
+            # 2**(max e - 127) (2**-127 for a byte 0); NaN where the fold is not exact.
+            key_factor = tl.maximum(emax << 23, 0x00400000).to(tl.float32, bitcast=True)
+            key_factor = tl.where((emax - emin >= FP4_FOLD_TOP) | (emax == 255), float("nan"),
+                                  key_factor)
+            e = (word[:, None] >> (8 * tl.arange(0, 4)[None, :])) & 0xFF
+            t_lo, t_hi = _fp4_tables(e - emax[:, None] + FP4_FOLD_TOP)
+            codes = _fp4_operand(words, t_lo, t_hi, BLOCK_N, Q_FORM == 0)
+            acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+    else:
+        t, readable, key_factor, codes = tile
+        if GROUPED_Q:
+            acc = _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM, BLOCK_N, RH)
+        else:
+            acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+    terms = tl.reshape(_relu(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
+    # FP8: the key's scale, a positive power of two; MXFP4: its largest group scale.
+    return tl.sum(terms, axis=2) * key_factor[:, None]
+
+
+@triton.jit
+def _store_rows(out_ptr, out_sr, row_base, t, col_hi, scores, readable, limit, valid,
+                CLEAN: tl.constexpr, RP: tl.constexpr):
+    """``_store_row`` for the program's rows at once: ``scores`` [BLOCK_N, RP]. Returns the
+    values (``-inf`` where nothing is seen)."""
+    seen = t[:, None] < limit[None, :]
+    value = tl.where(seen & readable[:, None], scores, float("-inf"))
+    mask = t[:, None] < tl.where(valid, col_hi, 0)[None, :]
+    if not CLEAN:
+        mask = mask & seen
+    rows = row_base + tl.arange(0, RP)
+    tl.store(out_ptr + rows[None, :] * out_sr + t[:, None], value, mask=mask)
+    return value
+
+
+@triton.jit
+def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base, col_lo,
+             hi, col_hi, q_op, w, q_scales, limit, valid, Q_FORM: tl.constexpr,
+             USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
+             N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+             NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
+             GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, RP: tl.constexpr,
+             HP: tl.constexpr, WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr):
+    """The tile loop of the stacked form over positions ``[col_lo, hi)``. MXFP4 keys, not
+    ``GROUPED``: returns 1.0 when some logit written was NaN (a key the fold cannot score
+    exactly, or a poisoned one), else 0.0; otherwise 0.0."""
+    nan_seen = tl.zeros([BLOCK_N, RP], dtype=tl.float32)
+    for t0 in tl.range(col_lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+        tile = _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
+                        MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N, SCALE_WORDS, WARPS,
+                        HAS_BLOCKS)
+        scores = _tile_scores(tile, q_op, w, q_scales, USE_FP4, GROUPED, GROUPED_Q,
+                              Q_FORM, BLOCK_N, RP, HP)
+        value = _store_rows(out_ptr, out_sr, row_base, tile[0], col_hi, scores, tile[1], limit,
+                            valid, CLEAN, RP)
+        if USE_FP4 and not GROUPED:
+            nan_seen = tl.maximum(nan_seen, tl.where(value != value, 1.0, 0.0))
+    return tl.max(tl.max(nan_seen, axis=1), axis=0)
+
+
+@triton.jit
+def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
+                 page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr, out_sr,
+                 num_cols, heads, b, i0, row_base, col_lo, hi, col_hi, d, w_fold,
+                 NEXT_N: tl.constexpr, ROWS: tl.constexpr, CTX_2D: tl.constexpr,
+                 Q_FORM: tl.constexpr, W_BF16: tl.constexpr, USE_FP4: tl.constexpr,
+                 MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                 WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr):
+    """The program's rows scored one at a time per 32-dim group, exact for every input:
+    MXFP4 keys per key group; scaled queries folded (``FOLD_Q``) or per query group.
+    One row at a time keeps the per-group partial sums few. Each row is written over the
+    program's range ``[col_lo, hi)`` (-inf past its own limit), as in the stacked form."""
+    # Folded queries are unscaled e4m3 values.
+    FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
+    for r in range(ROWS):
+        i = i0 + r
+        limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i, num_cols, NEXT_N, 1, 1, CTX_2D)
+        w = _weights_v1(w_ptr, w_sr, w_sh, b, i, heads, NEXT_N, 1, HP, HP, W_BF16) * w_fold
+        if Q_FORM < 2 or FOLD_Q:
+            q_op, _, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads,
+                                    d, NEXT_N, 1, Q_FORM, HP, HP, Q_FORM >= 2)
+            _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
+                     row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, limit, valid,
+                     FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                     BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
+                     WARPS, HAS_BLOCKS)
+        else:
+            q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads, d,
+                               NEXT_N, 1, Q_FORM, HP, HP, False)
+            if Q_FORM == 3:
+                w = w * 64.0  # E2M1 values as e4m3 bytes are 2**-6 of themselves
+            q_scales = _q_scale_words(qs_ptr, qs_sb, qs_si, b, i, heads, NEXT_N, 1, HP, HP)
+            _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
+                     row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid,
+                     Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N,
+                     NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS, HAS_BLOCKS)
+
+
+@triton.jit
+def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
+                page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr, out_sr,
+                num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N: tl.constexpr,
+                ROWS: tl.constexpr, CTX_2D: tl.constexpr, Q_FORM: tl.constexpr,
+                W_BF16: tl.constexpr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
+                LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
+                HAS_BLOCKS: tl.constexpr):
+    """The stacked form of one program; returns ``hi`` (the end of the scored positions).
+
+    Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
+    MXFP4 keys are folded. Otherwise (a query head, or some key of the program's range,
+    whose group exponents spread too far; such a key scores NaN in the first pass) the
+    rows are scored per group (``_rescan_rows``), overwriting the first pass's logits (the
+    reduction that finds out is a barrier between the two passes' stores)."""
+    RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
+    RH: tl.constexpr = RP * HP
+    tl.static_assert(RH <= 256, "the stacked rows' columns are one dot's N (<= 256)")
+    tl.static_assert(not USE_FP4 or BLOCK_N % (16 * WARPS) == 0,
+                     "MXFP4 keys need 16 rows a warp (BLOCK_N a multiple of 16 * warps)")
+    limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D)
+    hi = tl.minimum(col_hi, tl.max(limit, axis=0))
+    p = tl.arange(0, 128)
+    if USE_FP4:
+        d = _fp4_dim(p, Q_FORM == 0)
+        w_fold = 0.015625  # decoded keys are E2M1 times 2**(6 + ...)
+    else:
+        d = p
+        w_fold = 1.0
+    w = _weights_v1(w_ptr, w_sr, w_sh, b, i0, heads, NEXT_N, ROWS, HP, RH, W_BF16) * w_fold
+    # Folded queries are unscaled e4m3 values.
+    FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
+    q_op, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
+                                NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2)
+    w = w * factor
+    if exact != 0:
+        nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
+                            row_base, col_lo, hi, col_hi, q_op, w, 0, limit, valid, FORM,
+                            USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N,
+                            NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
+                            HAS_BLOCKS)
+        if USE_FP4:
+            if nan_seen != 0:
+                _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
+                             cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si,
+                             table_row, out_ptr, out_sr, num_cols, heads, b, i0, row_base,
+                             col_lo, hi, col_hi, d, w_fold, NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16,
+                             USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, HP, BLOCK_N,
+                             NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, True, HAS_BLOCKS)
+    else:
+        _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
+                     page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr,
+                     out_sr, num_cols, heads, b, i0, row_base, col_lo, hi, col_hi, d, w_fold,
+                     NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                     BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, False,
+                     HAS_BLOCKS)
+    return hi
+
+
 # num_cols, chunk and the like vary with every call's shapes: not specialized.
 @triton.jit(do_not_specialize=["num_blocks", "max_model_len", "num_cols", "chunk",
                                "tail_chunk", "heads"])
@@ -546,6 +1150,9 @@ def paged_mqa_logits_kernel(
     CLEAN: tl.constexpr,
     NATIVE: tl.constexpr,
     SCALE_WORDS: tl.constexpr,
+    VARIANT: tl.constexpr,
+    WARPS: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -553,7 +1160,10 @@ def paged_mqa_logits_kernel(
     chunk)`` below ``num_cols`` (``chunk`` a multiple of ``BLOCK_N``) and, when ``CLEAN``,
     writes ``-inf`` to its share ``tail_chunk`` of the columns ``[num_cols,
     max_model_len)``. ``SCALE_WORDS``: the cache's address and page stride are multiples of 4
-    (a key's four scale bytes load as one int32)."""
+    (a key's four scale bytes load as one int32). ``HAS_BLOCKS``: ``num_blocks >= 1`` (block
+    0 can stand in for an invalid block id, so reads of whole pages need no mask).
+    ``VARIANT``: the launch form (``VARIANT_ROWS``, ``VARIANT_STACKED``; native only);
+    ``WARPS``: the warps along the keys."""
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
     tl.static_assert(HP >= 16 and BLOCK_N >= 16)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
@@ -569,7 +1179,14 @@ def paged_mqa_logits_kernel(
     col_hi = tl.minimum(col_lo + chunk, num_cols)
     table_row = table_ptr + b * table_sb
     row_base = b * NEXT_N + i0
-    if NATIVE and Q_FORM >= 2:
+    if NATIVE and VARIANT == 1:
+        hi = _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
+                         cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row,
+                         out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi,
+                         NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT,
+                         N_PER_TILE, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS,
+                         WARPS, HAS_BLOCKS)
+    elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.
         f0, f1, f2, f3, lmax, ok = _load_rows(
