@@ -643,3 +643,33 @@ def test_cuda_graph_replays_with_new_inputs(fmt, q_form):
         graph.replay()
         want, bound = expected(static, options)
         assert_close(out, want, bound, f"replay {seed}")
+
+
+@pytest.mark.parametrize("n, d_chunk, lanes", [(8, 4, 2), (16, 64, 1), (4, 1, 4)],
+                         ids=["n8-d4-l2", "n16-d64-l1", "n4-d1-l4"])
+def test_aiter_mxfp4_orders_are_scored_in_place(n, d_chunk, lanes):
+    """A cache written in one of aiter's MXFP4 page orders scores as the reference reads it."""
+    order = dict(mxfp4_n_per_tile=n, mxfp4_d_per_tile=d_chunk, mxfp4_scale_lanes=lanes)
+    case = make_case(48, use_fp4_cache=True, block_size=16, num_blocks=3, skip_every=0,
+                     compress_ratio=1, generator=torch.Generator().manual_seed(n + d_chunk))
+    cache = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(cache), shuffle=True, **order)
+    gen = torch.Generator().manual_seed(7)
+    q = (torch.randn(2, 1, 4, 128, generator=gen) * 8).to(torch.float8_e4m3fn).to(DEVICE)
+    weights = torch.randn(2, 4, generator=gen).to(DEVICE)
+    context_lens = torch.tensor([40, 17], dtype=torch.int32, device=DEVICE)
+    table = torch.tensor([[2, 0, 1], [1, 2, 0]], dtype=torch.int32, device=DEVICE)
+    args = ((q, None), cache, weights, context_lens, table, 48)
+    want = paged_mqa_logits(*args, shuffle=True, backend="reference", **order)
+    got = paged_mqa_logits(*args, shuffle=True, **order)
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got))
+    # The contract's bound, from the keys as the reference reads them in this order.
+    from indexer_kcache.reference import logits as reference_logits
+
+    keys, _ = reference_logits.sequence_keys(cache, table, 48, True, False, 2, n, d_chunk, lanes)
+    per_head = torch.einsum("bhd,btd->bht", q[:, 0].float().abs().double(),
+                            keys.abs().double())
+    bound = RELATIVE_BOUND * (weights.abs().double()[:, :, None] * per_head).sum(1)
+    err = (got.double() - want.double()).abs()
+    assert (err[finite] <= bound[finite] + 1e-6).all()

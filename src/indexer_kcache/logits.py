@@ -82,7 +82,9 @@ class LogitsPlan:
     use_fp4_cache: bool
     mx_scales: bool  # FP8 keys' scales as UE8M0 bytes (False for MXFP4 caches)
     layout: int  # layout.ROW_MAJOR / FP8_TILED / MXFP4_PRESHUFFLE
-    n_per_tile: int
+    n_per_tile: int  # the MXFP4 preshuffle order (0 for other layouts)
+    d_per_tile: int
+    scale_lanes: int
     q_form: int  # kernels.logits.Q_BF16 / Q_E4M3 / Q_E4M3_MX / Q_MXFP4
     batch: int
     next_n: int
@@ -240,15 +242,17 @@ def check_logits(call) -> LogitsPlan:
     checks.check_same_device("k_cache", cache, **tensors)
 
     device = cache.device
-    layout_code, n_per_tile, _, _ = checks.resolve_layout(use_fp4_cache, call.shuffle, block_size,
-                                                          call.mxfp4_n_per_tile, device)
+    layout_code, n_per_tile, d_per_tile, scale_lanes = checks.resolve_layout(
+        use_fp4_cache, call.shuffle, block_size, call.mxfp4_n_per_tile, device,
+        call.mxfp4_d_per_tile, call.mxfp4_scale_lanes)
     backend = checks.resolve_backend(call.backend, device)
     mx_scales = checks.default_mx_scales(device) if call.mx_scales is None else call.mx_scales
     max_blocks = block_table.shape[1]
     ctx_2d = context_lens.dim() == 2
     return LogitsPlan(
         backend=backend, use_fp4_cache=use_fp4_cache, mx_scales=mx_scales and not use_fp4_cache,
-        layout=layout_code, n_per_tile=n_per_tile, q_form=q_form, batch=batch, next_n=next_n,
+        layout=layout_code, n_per_tile=n_per_tile, d_per_tile=d_per_tile,
+        scale_lanes=scale_lanes, q_form=q_form, batch=batch, next_n=next_n,
         heads=heads, head_pad=_head_pad(heads), num_blocks=num_blocks, block_size=block_size,
         max_blocks=max_blocks, max_model_len=max_model_len,
         num_cols=min(max_model_len, max_blocks * block_size), ctx_2d=ctx_2d,
@@ -372,7 +376,8 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         chunk=chunk, tail_chunk=tail_chunk, heads=plan.heads,
         NEXT_N=plan.next_n, ROWS=settings.rows, CTX_2D=plan.ctx_2d, Q_FORM=plan.q_form,
         W_BF16=plan.weights_bf16, USE_FP4=plan.use_fp4_cache, MX_SCALES=plan.mx_scales,
-        LAYOUT=plan.layout, N_PER_TILE=plan.n_per_tile, BLOCK_SIZE=plan.block_size,
+        LAYOUT=plan.layout, N_PER_TILE=plan.n_per_tile, D_PER_TILE=plan.d_per_tile,
+        SCALE_LANES=plan.scale_lanes, BLOCK_SIZE=plan.block_size,
         HP=plan.head_pad, BLOCK_N=settings.block_n, NUM_STAGES=settings.num_stages,
         CLEAN=plan.clean_logits, NATIVE=plan.native, SCALE_WORDS=scale_words,
         VARIANT=settings.variant,
@@ -393,7 +398,8 @@ def run_logits(plan: LogitsPlan, call) -> None:
         reference_logits.paged_mqa_logits(
             q, cache, call.weights, call.context_lens, call.block_table, plan.max_model_len,
             use_fp4_cache=plan.use_fp4_cache, mx_scales=plan.mx_scales, layout_code=plan.layout,
-            n_per_tile=plan.n_per_tile, clean_logits=plan.clean_logits, out=call.out)
+            n_per_tile=plan.n_per_tile, d_per_tile=plan.d_per_tile, scale_lanes=plan.scale_lanes,
+            clean_logits=plan.clean_logits, out=call.out)
         return
     settings = settings_for(plan)
     # Four-byte scale loads where the pages allow them (the address is the call's).
@@ -424,6 +430,8 @@ def paged_mqa_logits_into(
     mxfp4_n_per_tile: int = 0,
     clean_logits: bool = True,
     backend: str | None = None,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> None:
     """``paged_mqa_logits`` written into ``out`` (float32 ``[B * next_n, max_model_len]``),
     with the query as its two tensors: the ``torch.library`` op behind the public function."""
@@ -443,6 +451,8 @@ def paged_mqa_logits(
     clean_logits: bool = True,
     out: torch.Tensor | None = None,
     backend: str | None = None,
+    mxfp4_d_per_tile: int = layout.MXFP4_D_PER_TILE,
+    mxfp4_scale_lanes: int | None = None,
 ) -> torch.Tensor:
     """Score every query row against the keys of its sequence, reading the cache in place.
 
@@ -466,8 +476,8 @@ def paged_mqa_logits(
         block_table: int32 ``[B, max_blocks]``. A block id outside ``[0, num_blocks)`` is
             never dereferenced: its positions score ``-inf``.
         max_model_len: the width of the result.
-        mx_scales, shuffle, mxfp4_n_per_tile: the cache's format and layout, as for the
-            store (same defaults).
+        mx_scales, shuffle, mxfp4_n_per_tile, mxfp4_d_per_tile, mxfp4_scale_lanes: the
+            cache's format and layout, as for the store (same defaults).
         clean_logits: write ``-inf`` past each row's limit (else leave those columns as
             they are: uninitialised memory when ``out`` is not given).
         out: float32 ``[B * next_n, max_model_len]`` to write into.
@@ -492,5 +502,6 @@ def paged_mqa_logits(
                    f"shape {tuple(out.shape)}")
     paged_mqa_logits_into(values, scales, k_cache, weights, context_lens, block_table, out,
                           mx_scales=mx_scales, shuffle=shuffle, mxfp4_n_per_tile=mxfp4_n_per_tile,
+                          mxfp4_d_per_tile=mxfp4_d_per_tile, mxfp4_scale_lanes=mxfp4_scale_lanes,
                           clean_logits=clean_logits, backend=backend)
     return out

@@ -278,7 +278,8 @@ def _load_row(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
 @triton.jit
 def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
                USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
-               N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+               N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+               SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                NATIVE: tl.constexpr, GROUPED: tl.constexpr, Q_FORM: tl.constexpr,
                SCALE_WORDS: tl.constexpr):
     """The keys of positions ``t0 .. t0 + BLOCK_N - 1`` (those below ``hi`` count), as a
@@ -307,7 +308,7 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
     pc = p[:, None]
     # Scales: the four bytes of a key (contiguous except in the MXFP4 preshuffle layout) as
     # one little-endian int32 when the pages are 4-byte aligned.
-    first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+    first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
     if SCALE_WORDS and LAYOUT != 2:
         word = tl.load((page + first).to(tl.pointer_type(tl.int32)), mask=readable, other=0)
     elif (not USE_FP4) and MX_SCALES:
@@ -315,7 +316,7 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
     else:
         i4 = tl.arange(0, 4)[None, :]
         bytes4 = tl.load(rows_page + scale_offset_tl(pc, i4, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                     N_PER_TILE),
+                                                     N_PER_TILE, D_PER_TILE, SCALE_LANES),
                          mask=rows_mask, other=0)
         word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
     if USE_FP4:
@@ -326,7 +327,7 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
             s3 = ue8m0_to_float((word >> 24) & 0xFF)
             d = tl.arange(0, 128)[None, :]
             byte = tl.load(rows_page + value_offset_tl(pc, d // 2, BLOCK_SIZE, VALUE_BYTES,
-                                                       LAYOUT, N_PER_TILE),
+                                                       LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
                            mask=rows_mask, other=0).to(tl.int32)
             x = e2m1_to_float((byte >> (4 * (d % 2))) & 0xF)
             g = d // 32
@@ -347,15 +348,19 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
             key_factor = tl.where(poisoned, float("nan"), 1.0)
             b16 = tl.arange(0, 16)[None, :]
             k0 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
-                pc, b16, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE), mask=rows_mask, other=0))
+                pc, b16, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                    mask=rows_mask, other=0))
             k1 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
-                pc, b16 + 16, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE), mask=rows_mask,
+                pc, b16 + 16, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                    mask=rows_mask,
                 other=0))
             k2 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
-                pc, b16 + 32, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE), mask=rows_mask,
+                pc, b16 + 32, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                    mask=rows_mask,
                 other=0))
             k3 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
-                pc, b16 + 48, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE), mask=rows_mask,
+                pc, b16 + 48, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                    mask=rows_mask,
                 other=0))
             return (readable, key_factor, _key_operand(k0, Q_FORM), _key_operand(k1, Q_FORM),
                     _key_operand(k2, Q_FORM), _key_operand(k3, Q_FORM), s0, s1, s2, s3)
@@ -367,25 +372,29 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
         if not NATIVE:
             d = tl.arange(0, 128)[None, :]
             codes = tl.load(rows_page + value_offset_tl(pc, d, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                        N_PER_TILE),
+                                                        N_PER_TILE, D_PER_TILE, SCALE_LANES),
                             mask=rows_mask, other=0)
             return (readable, 1.0, e4m3_to_float(codes) * key_scale[:, None])
         elif not GROUPED:
             d = tl.arange(0, 128)[None, :]
             codes = tl.load(rows_page + value_offset_tl(pc, d, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                        N_PER_TILE),
+                                                        N_PER_TILE, D_PER_TILE, SCALE_LANES),
                             mask=rows_mask, other=0)
             return (readable, key_scale, _key_operand(codes, Q_FORM))
         else:
             d = tl.arange(0, 32)[None, :]
             k0 = tl.load(rows_page + value_offset_tl(pc, d, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                     N_PER_TILE), mask=rows_mask, other=0)
+                                                     N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                                                         mask=rows_mask, other=0)
             k1 = tl.load(rows_page + value_offset_tl(pc, d + 32, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                     N_PER_TILE), mask=rows_mask, other=0)
+                                                     N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                                                         mask=rows_mask, other=0)
             k2 = tl.load(rows_page + value_offset_tl(pc, d + 64, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                     N_PER_TILE), mask=rows_mask, other=0)
+                                                     N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                                                         mask=rows_mask, other=0)
             k3 = tl.load(rows_page + value_offset_tl(pc, d + 96, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
-                                                     N_PER_TILE), mask=rows_mask, other=0)
+                                                     N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                                                         mask=rows_mask, other=0)
             return (readable, key_scale, _key_operand(k0, Q_FORM), _key_operand(k1, Q_FORM),
                     _key_operand(k2, Q_FORM), _key_operand(k3, Q_FORM))
 
@@ -542,7 +551,8 @@ def _load_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
 def _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base, col_lo, hi,
           col_hi, r0, r1, r2, r3, ROWS: tl.constexpr, Q_FORM: tl.constexpr,
           USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
-          N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+          N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+          SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
           NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, NATIVE: tl.constexpr,
           GROUPED: tl.constexpr, SCALE_WORDS: tl.constexpr):
     """The tile loop over positions ``[col_lo, hi)``: each key tile loaded once, scored and
@@ -551,7 +561,8 @@ def _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_ba
     for t0 in tl.range(col_lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         t = t0 + lanes
         tile = _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
-                          MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N, NATIVE, GROUPED,
+                          MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
+                              NATIVE, GROUPED,
                           Q_FORM, SCALE_WORDS)
         _store_row(out_ptr, out_sr, row_base, t, col_hi,
                    _row_scores(tile, r0, NATIVE, GROUPED, USE_FP4, Q_FORM), tile[0], r0, CLEAN)
@@ -807,6 +818,8 @@ def _q_scale_words(qs_ptr, qs_sb, qs_si, b, i0, heads, NEXT_N: tl.constexpr,
 @triton.jit
 def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.constexpr,
              MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr,
+             D_PER_TILE: tl.constexpr,
+             SCALE_LANES: tl.constexpr,
              BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_WORDS: tl.constexpr,
              WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr):
     """The keys of positions ``t0 ..``, as (positions t [BLOCK_N], readable [BLOCK_N], ...):
@@ -834,7 +847,7 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
         else:
             p0 = t0 % BLOCK_SIZE
         value_ptrs = page + value_offset_tl((p0 + lanes)[:, None], d, BLOCK_SIZE, VALUE_BYTES,
-                                            LAYOUT, N_PER_TILE)
+                                            LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
         if HAS_BLOCKS:
             values = tl.load(value_ptrs)
         else:
@@ -850,7 +863,8 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
         ok_n = (tn < hi) & (block_n >= 0) & (block_n < num_blocks)
         page_n = cache_ptr + tl.where(ok_n, block_n, 0) * page_stride
         values = tl.load(page_n[:, None] + value_offset_tl(
-            (tn % BLOCK_SIZE)[:, None], d, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE),
+            (tn % BLOCK_SIZE)[:, None], d, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                SCALE_LANES),
             mask=ok_n[:, None], other=0)
         if USE_FP4:
             block = tl.load(table_row + t // BLOCK_SIZE, mask=t < hi, other=-1).to(tl.int64)
@@ -866,18 +880,20 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
     if USE_FP4:
         # The four exponent bytes of each key: one int32 where the pages allow.
         if SCALE_WORDS and LAYOUT != 2:
-            first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+            first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                                    SCALE_LANES)
             word = tl.load((key_page + first).to(tl.pointer_type(tl.int32)), mask=key_mask,
                            other=0)
         else:
             i4 = tl.arange(0, 4)[None, :]
             bytes4 = tl.load(rows_page + scale_offset_tl(p[:, None], i4, BLOCK_SIZE,
-                                                         VALUE_BYTES, LAYOUT, N_PER_TILE),
+                                                         VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                                                             SCALE_LANES),
                              mask=rows_mask, other=0)
             word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
         return t, readable, word, _fp4_words(_to_dot_rows(values, BLOCK_N, WARPS, 64), BLOCK_N)
     else:
-        first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE)
+        first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
         if MX_SCALES:  # four equal UE8M0 bytes
             key_scale = ue8m0_to_float(tl.load(key_page + first, mask=key_mask, other=0))
         elif SCALE_WORDS:
@@ -1000,7 +1016,8 @@ def _store_rows(out_ptr, out_sr, row_base, t, col_hi, scores, readable, limit, v
 def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base, col_lo,
              hi, col_hi, q_op, w, q_scales, limit, valid, Q_FORM: tl.constexpr,
              USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
-             N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+             N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+             SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
              NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
              GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, RP: tl.constexpr,
              HP: tl.constexpr, WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr):
@@ -1010,7 +1027,8 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
     nan_seen = tl.zeros([BLOCK_N, RP], dtype=tl.float32)
     for t0 in tl.range(col_lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         tile = _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
-                        MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N, SCALE_WORDS, WARPS,
+                        MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
+                            SCALE_WORDS, WARPS,
                         HAS_BLOCKS)
         scores = _tile_scores(tile, q_op, w, q_scales, USE_FP4, GROUPED, GROUPED_Q,
                               Q_FORM, BLOCK_N, RP, HP)
@@ -1028,6 +1046,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                  NEXT_N: tl.constexpr, ROWS: tl.constexpr, CTX_2D: tl.constexpr,
                  Q_FORM: tl.constexpr, W_BF16: tl.constexpr, USE_FP4: tl.constexpr,
                  MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr,
+                 D_PER_TILE: tl.constexpr,
+                 SCALE_LANES: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr,
                  NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
                  WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr):
@@ -1046,7 +1066,7 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                                     d, NEXT_N, 1, Q_FORM, HP, HP, Q_FORM >= 2)
             _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
                      row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, limit, valid,
-                     FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                     FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
                      WARPS, HAS_BLOCKS)
         else:
@@ -1057,7 +1077,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
             q_scales = _q_scale_words(qs_ptr, qs_sb, qs_si, b, i, heads, NEXT_N, 1, HP, HP)
             _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
                      row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid,
-                     Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N,
+                     Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                         BLOCK_N,
                      NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS, HAS_BLOCKS)
 
 
@@ -1067,7 +1088,8 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                 num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N: tl.constexpr,
                 ROWS: tl.constexpr, CTX_2D: tl.constexpr, Q_FORM: tl.constexpr,
                 W_BF16: tl.constexpr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
-                LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+                SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                 HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
                 HAS_BLOCKS: tl.constexpr):
@@ -1101,7 +1123,8 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     if exact != 0:
         nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
                             row_base, col_lo, hi, col_hi, q_op, w, 0, limit, valid, FORM,
-                            USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, BLOCK_N,
+                            USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                                BLOCK_N,
                             NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
                             HAS_BLOCKS)
         if USE_FP4:
@@ -1110,13 +1133,15 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                              cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si,
                              table_row, out_ptr, out_sr, num_cols, heads, b, i0, row_base,
                              col_lo, hi, col_hi, d, w_fold, NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16,
-                             USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, BLOCK_SIZE, HP, BLOCK_N,
+                             USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                                 HP, BLOCK_N,
                              NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, True, HAS_BLOCKS)
     else:
         _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
                      page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr,
                      out_sr, num_cols, heads, b, i0, row_base, col_lo, hi, col_hi, d, w_fold,
                      NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                         D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, False,
                      HAS_BLOCKS)
     return hi
@@ -1142,7 +1167,8 @@ def paged_mqa_logits_kernel(
     USE_FP4: tl.constexpr,
     MX_SCALES: tl.constexpr,
     LAYOUT: tl.constexpr,
-    N_PER_TILE: tl.constexpr,
+    N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+    SCALE_LANES: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HP: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -1184,7 +1210,8 @@ def paged_mqa_logits_kernel(
                          cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row,
                          out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi,
                          NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT,
-                         N_PER_TILE, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS,
+                         N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
+                             SCALE_WORDS,
                          WARPS, HAS_BLOCKS)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
@@ -1197,7 +1224,8 @@ def paged_mqa_logits_kernel(
         if ok != 0:
             _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base,
                   col_lo, hi, col_hi, f0, f1, f2, f3, ROWS, 1, USE_FP4, MX_SCALES, LAYOUT,
-                  N_PER_TILE, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE, USE_FP4,
+                  N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE,
+                      USE_FP4,
                   SCALE_WORDS)
         else:
             r0, r1, r2, r3, lmax, ok = _load_rows(
@@ -1206,7 +1234,8 @@ def paged_mqa_logits_kernel(
                 HP, NATIVE, GROUPED, W_BF16, False)
             _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base,
                   col_lo, hi, col_hi, r0, r1, r2, r3, ROWS, Q_FORM, USE_FP4, MX_SCALES, LAYOUT,
-                  N_PER_TILE, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE, GROUPED,
+                  N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE,
+                      GROUPED,
                   SCALE_WORDS)
     else:
         r0, r1, r2, r3, lmax, ok = _load_rows(
@@ -1216,6 +1245,7 @@ def paged_mqa_logits_kernel(
         hi = tl.minimum(col_hi, lmax)
         _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base, col_lo,
               hi, col_hi, r0, r1, r2, r3, ROWS, Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                  D_PER_TILE, SCALE_LANES,
               BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE, GROUPED, SCALE_WORDS)
 
     lanes = tl.arange(0, BLOCK_N)

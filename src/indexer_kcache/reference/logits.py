@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import INDEX_DTYPES, check_dtype, fail_type, fail_value
-from ..layout import HEAD_DIM, MXFP4_GROUP
+from ..layout import HEAD_DIM, MXFP4_D_PER_TILE, MXFP4_GROUP
 from .cache import cache_bytes, decode_e2m1, dequantize, token_byte_offsets, ue8m0_to_float
 
 __all__ = [
@@ -87,7 +87,8 @@ def dequantize_q(q: torch.Tensor | tuple) -> torch.Tensor:
 
 
 def sequence_keys(k_cache: torch.Tensor, block_table: torch.Tensor, num_cols: int,
-                  use_fp4_cache: bool, mx_scales: bool, layout_code: int, n_per_tile: int
+                  use_fp4_cache: bool, mx_scales: bool, layout_code: int, n_per_tile: int,
+                  d_per_tile: int = MXFP4_D_PER_TILE, scale_lanes: int | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The dequantized keys of positions ``0 .. num_cols - 1`` of every sequence:
     ``(keys float32 [B, num_cols, 128], readable bool [B, num_cols])``. Positions whose
@@ -102,7 +103,7 @@ def sequence_keys(k_cache: torch.Tensor, block_table: torch.Tensor, num_cols: in
     keys = torch.zeros(batch * num_cols, HEAD_DIM, dtype=torch.float32, device=k_cache.device)
     if num_blocks and slots.numel():
         value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code,
-                                                n_per_tile)
+                                                n_per_tile, d_per_tile, scale_lanes)
         flat = cache_bytes(k_cache)
         keys = dequantize(flat[value_at], flat[scale_at], use_fp4_cache, mx_scales)
         keys = torch.where(readable.reshape(-1, 1).to(keys.device), keys, 0.0)
@@ -121,6 +122,8 @@ def paged_mqa_logits(
     mx_scales: bool,
     layout_code: int,
     n_per_tile: int,
+    d_per_tile: int = MXFP4_D_PER_TILE,
+    scale_lanes: int | None = None,
     clean_logits: bool = True,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -138,9 +141,9 @@ def paged_mqa_logits(
     if out is None:
         out = torch.empty(rows, max_model_len, dtype=torch.float32, device=weights.device)
         clean_logits = True  # a new tensor has no columns to leave as they were
-    limits = lengths_from_context(context_lens, next_n, min(max_model_len, max_blocks * block_size)).long()
+    limits = lengths_from_context(context_lens, next_n, num_cols).long()
     keys, readable = sequence_keys(k_cache, block_table, num_cols, use_fp4_cache, mx_scales,
-                                   layout_code, n_per_tile)
+                                   layout_code, n_per_tile, d_per_tile, scale_lanes)
     # [B, next_n, H, 128] x [B, num_cols, 128] -> [B, next_n, num_cols, H], in float64.
     dots = torch.einsum("bihd,btd->bith", qf.double(), keys.double())
     w = weights.double().reshape(batch, next_n, 1, -1)
