@@ -322,12 +322,17 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     wanted = PROGRAMS_PER_SM * sm_count
     least = MIN_TILES if rows == 1 else MIN_TILES_ROWS
     per_program = min(max(-(-tiles * row_groups // wanted), least), MAX_TILES)
+    if native and use_fp4_cache and q_form >= Q_E4M3_MX:
+        per_program *= 2  # folding the queries costs a program more: fewer, longer ones
+    elif max_registers and q_form == Q_E4M3 and tiles * row_groups >= 16 * wanted:
+        max_registers = LARGE_MXFP4_REGISTERS  # more programs in flight when there are many
     splits = max(-(-tiles // per_program), 1)
     return LogitsSettings(block_n, rows, splits, num_warps, num_stages,
                           VARIANT_STACKED, max_registers)
 
 
 PROGRAMS_PER_SM = 4
+LARGE_MXFP4_REGISTERS = 96
 MIN_TILES = 1
 MIN_TILES_ROWS = 4
 MAX_TILES = 16
