@@ -20,7 +20,7 @@ from ..logits import paged_mqa_logits
 from ..reference import logits as reference_logits
 from ..reference.cache import E2M1_VALUES
 from .store import STORE_ARGS, make_inputs
-from .timing import graph_time_us, progress
+from .timing import event_time_us, graph_time_us, progress
 
 BLOCK = 64
 HEADS = 64
@@ -245,9 +245,10 @@ def run_gpu(result: dict, calls: int = 40, cases=CASES, peers: bool = True) -> N
                 record, impl=name,
                 gpu_us=graph_time_us([baseline(c, fp4) for c in rotations], calls)))
             if batch * context <= TORCH_PEER_KEYS:
+                # Not capturable in a graph (host tensors): CUDA events around eager calls.
                 result["records"].append(dict(
                     record, impl="torch-unfused",
-                    gpu_us=graph_time_us(torch_unfused(rotations[0], fp4, mx), 5)))
+                    gpu_us=event_time_us(torch_unfused(rotations[0], fp4, mx), 5)))
         del rotations
 
 

@@ -43,6 +43,20 @@ def graph_time_us(fn: Callable[[], None] | Sequence[Callable[[], None]], calls: 
     return statistics.median(times)
 
 
+def event_time_us(fn: Callable[[], None], calls: int) -> float:
+    """GPU time per call of ``calls`` eager calls between two CUDA events (the gaps between
+    launches included): for peers that a CUDA graph cannot capture."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def loop_us(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
     """Wall time per call of a plain loop of ``calls`` calls ending in ``sync()``."""
     t0 = time.perf_counter()

@@ -49,22 +49,18 @@ def _pair_index():
 
 
 @triton.jit
-def _store_bytes(page_ptr, p, byte_index, values, write, finite, any_poisoned,
+def _store_bytes(page_ptr, p, byte_index, values, write, finite,
                  BLOCK_SIZE: tl.constexpr, VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr,
                  N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr):
     """Store a half's value bytes; ``byte_index`` [2, 2, 1, 2, W] is the byte in the row.
-    Written tokens get ``values`` if ``finite``, else zeros (in a branch that programs
-    without such a token skip)."""
+    Written tokens get ``values`` if ``finite``, else zeros: a select per byte, rather than
+    a program-wide "any poisoned?" reduction (a barrier in every program) and a branch."""
     ptr = _per_token(page_ptr) + value_offset_tl(_per_token(p), byte_index, BLOCK_SIZE,
                                                  VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
                                                  SCALE_LANES)
     # ``finite`` comes from reductions of the key's own tensors: expanded back, it has
     # their layout, and combining the masks there moves no data between threads.
-    write = _per_token(write)
-    finite = _per_token(finite)
-    if any_poisoned:
-        tl.store(ptr, tl.zeros_like(values), mask=write & ~finite)
-    tl.store(ptr, values, mask=write & finite)
+    tl.store(ptr, tl.where(_per_token(finite), values, 0), mask=_per_token(write))
 
 
 @triton.jit
@@ -222,19 +218,16 @@ def _norm_rope_quant_store(
     hi_bits = _amax_bits_by_group(hi_x, hi_y)
     key_bits = tl.max(tl.maximum(lo_bits, hi_bits), axis=0)
     finite = key_bits < INF_BITS
-    # Lanes that do not write hold zeros (finite) unless eps is 0: then the branch only
-    # costs time.
-    any_poisoned = tl.max((key_bits >= INF_BITS).to(tl.int32), axis=0) > 0
     page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
     p = slot % BLOCK_SIZE
     if USE_FP4:
         lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, lo_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
         hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, hi_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
         packed_index = _pair_index()  # byte within a half
-        _store_bytes(page_ptr, p, packed_index, lo_packed, write, finite, any_poisoned,
+        _store_bytes(page_ptr, p, packed_index, lo_packed, write, finite,
                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
         _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index, hi_packed, write, finite,
-                     any_poisoned, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
                      SCALE_LANES)
         lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
         hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
@@ -247,10 +240,10 @@ def _norm_rope_quant_store(
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
         inv_scale = _per_token(pow2(-e))
         _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
-                     finite, any_poisoned, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                     finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
         _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
-                     write, finite, any_poisoned, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+                     write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
         i4 = tl.arange(0, layout.SCALE_BYTES)[None, :]
         if MX_SCALES:  # four equal UE8M0 bytes
