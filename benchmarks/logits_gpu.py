@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 import torch
 import triton
-import triton.language as tl
 
 from indexer_kcache import bench, layout
+from indexer_kcache.bench.logits import fp8_baseline_kernel, mxfp4_baseline_kernel, torch_unfused
 from indexer_kcache.kernels.logits import FP4_FOLD_SPAN, VARIANT_ROWS, VARIANT_STACKED
 from indexer_kcache.logits import (
     Q_BF16,
@@ -188,32 +187,10 @@ def old_settings(batch: int, next_n: int, heads: int, num_cols: int, q_form: int
 
 
 # ----------------------------------------------------------------------------- timing
-def graph_us(fns, min_calls: int = 20, replays: int = 7) -> float:
-    """Median GPU time per call over replays of a CUDA graph calling ``fns`` in turn."""
-    reps = max(1, -(-min_calls // len(fns)))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for fn in fns:
-                fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (reps * len(fns)))
-    del graph
-    return statistics.median(times)
+def graph_us(fns, min_calls: int = 20) -> float:
+    """Median GPU time per call of a CUDA graph calling each of ``fns`` in turn, at least
+    ``min_calls`` calls."""
+    return bench.graph_time_us(fns, len(fns) * max(1, -(-min_calls // len(fns))))
 
 
 def candidates(base: LogitsSettings, next_n: int, fp4: bool, q_form: str, quick: bool
@@ -333,65 +310,6 @@ CHECKS = ([dict(case, variant=VARIANT_STACKED) for case in BASE_CHECKS + STACKED
 
 
 # --------------------------------------------------------------------------------- peers
-def torch_peer(call: dict, fp4: bool, mx: bool):
-    """Unfused torch: gather and dequantize the keys, einsum, relu, weighted head sum."""
-    cache, table = call["k_cache"], call["block_table"].long()
-    batch, blocks = table.shape
-    context = call["max_model_len"]
-    table16 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0,
-                            -3.0, -4.0, -6.0], device=DEV)
-
-    vb = 64 if fp4 else 128
-    pages = cache.reshape(cache.shape[0], -1)  # a page: all value bytes, then all scales
-    page_values = pages[:, :BLOCK * vb].view(-1, BLOCK, vb)
-    page_scales = pages[:, BLOCK * vb:BLOCK * (vb + 4)].view(-1, BLOCK, 4)
-
-    def run():
-        values = page_values[table].reshape(batch, blocks * BLOCK, vb)
-        scales = page_scales[table].reshape(batch, blocks * BLOCK, 4)
-        q = reference_logits.dequantize_q(call["q"])
-        w = call["weights"].view(*q.shape[:3], 1)
-        if fp4:
-            codes = torch.stack([values & 0xF, values >> 4], -1).reshape(batch, -1, 4, 32)
-            k = table16[codes.long()] * torch.exp2(scales.float() - 127)[..., None]
-            k = k.reshape(batch, -1, 128)
-        else:
-            scale = (torch.exp2(scales[..., 0].float() - 127) if mx
-                     else scales.contiguous().view(torch.float32)[..., 0])
-            k = values.view(torch.float8_e4m3fn).float() * scale[..., None]
-        s = torch.einsum("bihd,btd->biht", q, k[:, :context])
-        return (torch.relu(s) * w).sum(2)
-
-    return run
-
-
-@triton.jit
-def _vllm_like_fp8_kernel(q_ptr, w_ptr, cache_ptr, page_stride, table_ptr, table_sb, ctx_ptr,
-                          out_ptr, out_sr, NEXT_N: tl.constexpr, H: tl.constexpr,
-                          SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """After the description of vLLM 0.33.0's Triton FP8 kernel: program (row, split)
-    scores every SPLITS-th 64-key tile of its row with one FP8 dot, relu, weights, head
-    sum, times the key's fp32 scale."""
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    b = row // NEXT_N
-    limit = tl.load(ctx_ptr + b) - NEXT_N + row % NEXT_N + 1
-    h = tl.arange(0, H)
-    d = tl.arange(0, 128)
-    q = tl.load(q_ptr + row * H * 128 + h[None, :] * 128 + d[:, None])
-    w = tl.load(w_ptr + row * H + h)
-    for tile in range(split, tl.cdiv(limit, 64), SPLITS):
-        t = tile * 64 + tl.arange(0, 64)
-        block = tl.load(table_ptr + b * table_sb + t // BLOCK_SIZE).to(tl.int64)
-        page = cache_ptr + block * page_stride
-        p = t % BLOCK_SIZE
-        k = tl.load(page[:, None] + p[:, None] * 128 + d[None, :]).to(tl.float8e4nv, bitcast=True)
-        scale = tl.load((page + BLOCK_SIZE * 128 + p * 4).to(tl.pointer_type(tl.float32)))
-        s = tl.dot(k, q)
-        logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1) * scale
-        tl.store(out_ptr + row * out_sr + t, logit, mask=t < limit)
-
-
 def vllm_like(call: dict):
     values, _ = call["q"]
     batch, next_n = values.shape[:2]
@@ -401,50 +319,11 @@ def vllm_like(call: dict):
     out = torch.empty(rows, call["max_model_len"], device=DEV)
     cache, table = call["k_cache"], call["block_table"]
     q_bytes = values.view(torch.float8_e4m3fn)
-    return lambda: _vllm_like_fp8_kernel[(rows, splits)](
+    return lambda: fp8_baseline_kernel[(rows, splits)](
         q_ptr=q_bytes, w_ptr=call["weights"], cache_ptr=cache, page_stride=cache.stride(0),
         table_ptr=table, table_sb=table.stride(0), ctx_ptr=call["context_lens"], out_ptr=out,
         out_sr=out.stride(0), NEXT_N=next_n, H=HEADS, SPLITS=splits, BLOCK_SIZE=BLOCK,
         num_warps=4)
-
-
-@triton.jit
-def _e2m1_exp2(code):
-    """An E2M1 code decoded with exp2, as SGLang 0.5.23's kernel does."""
-    e = (code >> 1) & 3
-    m = (code & 1).to(tl.float32)
-    mag = tl.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
-    return tl.where((code & 8) != 0, -mag, mag)
-
-
-@triton.jit
-def _sglang_like_mxfp4_kernel(q_ptr, w_ptr, cache_ptr, page_stride, table_ptr, table_sb,
-                              ctx_ptr, out_ptr, out_sr, NEXT_N: tl.constexpr, H: tl.constexpr,
-                              SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """After the description of SGLang 0.5.23's MXFP4 kernel: bf16 queries; each nibble
-    decoded with exp2, scaled, rounded to bf16; two bf16 dots (even and odd dims)."""
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    b = row // NEXT_N
-    limit = tl.load(ctx_ptr + b) - NEXT_N + row % NEXT_N + 1
-    h = tl.arange(0, H)
-    j = tl.arange(0, 64)
-    q_even = tl.load(q_ptr + row * H * 128 + h[None, :] * 128 + 2 * j[:, None])
-    q_odd = tl.load(q_ptr + row * H * 128 + h[None, :] * 128 + 2 * j[:, None] + 1)
-    w = tl.load(w_ptr + row * H + h)
-    for tile in range(split, tl.cdiv(limit, 64), SPLITS):
-        t = tile * 64 + tl.arange(0, 64)
-        block = tl.load(table_ptr + b * table_sb + t // BLOCK_SIZE).to(tl.int64)
-        page = cache_ptr + block * page_stride
-        p = t % BLOCK_SIZE
-        packed = tl.load(page[:, None] + p[:, None] * 64 + j[None, :]).to(tl.int32)
-        sbyte = tl.load(page[:, None] + BLOCK_SIZE * 64 + p[:, None] * 4 + j[None, :] // 16)
-        scale = tl.exp2(sbyte.to(tl.float32) - 127.0)
-        lo = (_e2m1_exp2(packed & 0xF) * scale).to(tl.bfloat16)
-        hi = (_e2m1_exp2(packed >> 4) * scale).to(tl.bfloat16)
-        s = tl.dot(lo, q_even) + tl.dot(hi, q_odd)
-        logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
-        tl.store(out_ptr + row * out_sr + t, logit, mask=t < limit)
 
 
 def sglang_like(call: dict, q_bf16: torch.Tensor):
@@ -454,7 +333,7 @@ def sglang_like(call: dict, q_bf16: torch.Tensor):
     splits = max(1, min(1024 // rows, tiles))
     out = torch.empty(rows, call["max_model_len"], device=DEV)
     cache, table = call["k_cache"], call["block_table"]
-    return lambda: _sglang_like_mxfp4_kernel[(rows, splits)](
+    return lambda: mxfp4_baseline_kernel[(rows, splits)](
         q_ptr=q_bf16, w_ptr=call["weights"], cache_ptr=cache, page_stride=cache.stride(0),
         table_ptr=table, table_sb=table.stride(0), ctx_ptr=call["context_lens"], out_ptr=out,
         out_sr=out.stride(0), NEXT_N=next_n, H=HEADS, SPLITS=splits, BLOCK_SIZE=BLOCK,
@@ -563,7 +442,7 @@ def main() -> None:
                 kernel = [vllm_like(c) for c in calls]
                 impl = "vllm-like-fp8"
             for name, fns in ((impl, kernel),
-                              ("torch-unfused", [torch_peer(c, fp4, mx) for c in calls[:2]]
+                              ("torch-unfused", [torch_unfused(c, fp4, mx) for c in calls[:2]]
                                if (batch, context) in PEER_SHAPES else None)):
                 if fns is None:
                     continue

@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 from indexer_kcache import topk
+from indexer_kcache.bench import copy_bandwidth_GBps, graph_time_us
 from indexer_kcache.reference import topk as reference
 
 SHAPES = [(1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192)]
@@ -46,49 +46,6 @@ ROTATION_BYTES = 160 << 20  # logits cycled through per timing: over three times
 
 
 # ----------------------------------------------------------------------------- timing
-def graph_time_us(fns, calls: int, replays: int = 9) -> float:
-    """Median GPU time per call over replays of one CUDA graph of ``calls`` calls that
-    cycles through ``fns``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
-
-
-def copy_bandwidth_GBps(num_bytes: int = 1 << 30) -> float:
-    """Device-to-device copy: bytes read plus bytes written per second (median)."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * num_bytes / statistics.median(times[2:]) / 1e9
-
-
-# ----------------------------------------------------------------------------- inputs
 def make_logits(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
     x = torch.randn(rows, cols, device=DEVICE, generator=g)
     if kind == "ties":  # eight distinct values

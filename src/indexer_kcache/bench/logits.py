@@ -20,7 +20,7 @@ from ..logits import paged_mqa_logits
 from ..reference import logits as reference_logits
 from ..reference.cache import E2M1_VALUES
 from .store import STORE_ARGS, make_inputs
-from .timing import event_time_us, graph_time_us, progress
+from .timing import event_time_us, graph_time_us, progress, pyplot
 
 BLOCK = 64
 HEADS = 64
@@ -138,7 +138,7 @@ def torch_unfused(call: dict, fp4: bool, mx: bool):
 
 
 @triton.jit
-def _fp8_baseline_kernel(q_ptr, w_ptr, cache_ptr, page_stride, table_ptr, table_sb, ctx_ptr,
+def fp8_baseline_kernel(q_ptr, w_ptr, cache_ptr, page_stride, table_ptr, table_sb, ctx_ptr,
                          out_ptr, out_sr, NEXT_N: tl.constexpr, H: tl.constexpr,
                          SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """After the description of vLLM 0.33.0's Triton FP8 kernel: program (row, split)
@@ -174,7 +174,7 @@ def _e2m1_exp2(code):
 
 
 @triton.jit
-def _mxfp4_baseline_kernel(q_ptr, w_ptr, cache_ptr, page_stride, table_ptr, table_sb, ctx_ptr,
+def mxfp4_baseline_kernel(q_ptr, w_ptr, cache_ptr, page_stride, table_ptr, table_sb, ctx_ptr,
                            out_ptr, out_sr, NEXT_N: tl.constexpr, H: tl.constexpr,
                            SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """After the description of SGLang 0.5.23's MXFP4 kernel: bf16 queries; each nibble
@@ -213,7 +213,7 @@ def baseline(call: dict, fp4: bool):
     rows = batch * next_n
     splits = max(1, min(1024 // rows, -(-call["max_model_len"] // 64)))
     out, cache, table = call["out"], call["k_cache"], call["block_table"]
-    kernel = _mxfp4_baseline_kernel if fp4 else _fp8_baseline_kernel
+    kernel = mxfp4_baseline_kernel if fp4 else fp8_baseline_kernel
     return lambda: kernel[(rows, splits)](
         q_ptr=q, w_ptr=call["weights"], cache_ptr=cache, page_stride=cache.stride(0),
         table_ptr=table, table_sb=table.stride(0), ctx_ptr=call["context_lens"], out_ptr=out,
@@ -278,12 +278,8 @@ def format_table(result: dict) -> str:
 
 def plot(result: dict, path: str) -> bool:
     """% of copy bandwidth by shape, ours and the baseline kernels, next_n 1."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in result["records"] if r["op"] == "logits" and r["next_n"] == 1
             and r["impl"] != "torch-unfused" and r["q_format"] != "bf16"]

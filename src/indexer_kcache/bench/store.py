@@ -19,7 +19,14 @@ import torch
 
 from .. import layout, reference
 from ..store import indexer_k_norm_rope_store, pdl_supported
-from .timing import eager_time_us, eager_vs_baseline_us, empty_launch_fn, graph_time_us, progress
+from .timing import (
+    eager_time_us,
+    eager_vs_baseline_us,
+    empty_launch_fn,
+    graph_time_us,
+    progress,
+    pyplot,
+)
 
 FORMATS = layout.FORMATS
 GPU_TOKENS = (1, 64, 512, 4096, 32768, 262144)
@@ -264,12 +271,8 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     store = [r for r in result["records"] if r["op"] == "store" and r["graph_us"]]
     if not store:

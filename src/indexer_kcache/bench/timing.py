@@ -132,3 +132,15 @@ def progress(items, desc: str):
         return items
 
 
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files (Agg), or None where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..topk import top_k_indices
-from .timing import graph_time_us, progress
+from .timing import graph_time_us, progress, pyplot
 
 SHAPES = ((1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192))
 K = 2048
@@ -59,12 +59,8 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in result["records"] if r["op"] == "topk"]
     if not rows:
