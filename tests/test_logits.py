@@ -667,7 +667,8 @@ def test_aiter_mxfp4_orders_are_scored_in_place(n, d_chunk, lanes):
     # The contract's bound, from the keys as the reference reads them in this order.
     from indexer_kcache.reference import logits as reference_logits
 
-    keys, _ = reference_logits.sequence_keys(cache, table, 48, True, False, 2, n, d_chunk, lanes)
+    keys, _ = reference_logits.sequence_keys(cache, table, 48, True, False,
+                                             ik.layout.MXFP4_PRESHUFFLE, n, d_chunk, lanes)
     per_head = torch.einsum("bhd,btd->bht", q[:, 0].float().abs().double(),
                             keys.abs().double())
     bound = RELATIVE_BOUND * (weights.abs().double()[:, :, None] * per_head).sum(1)
