@@ -32,6 +32,7 @@ import torch
 import triton
 
 from indexer_kcache import bench, layout
+from indexer_kcache.bench import logits as bench_logits
 from indexer_kcache.bench.logits import fp8_baseline_kernel, mxfp4_baseline_kernel, torch_unfused
 from indexer_kcache.kernels.logits import FP4_FOLD_SPAN, VARIANT_ROWS, VARIANT_STACKED
 from indexer_kcache.logits import (
@@ -109,19 +110,7 @@ def big_cache(fmt: str, num_blocks: int, seed: int = 0) -> torch.Tensor:
 
 def make_queries(q_form: str, batch: int, next_n: int, g: torch.Generator, heads=HEADS,
                  exponents=(121, 131)):
-    shape = (batch, next_n, heads)
-    x = torch.randn(*shape, 128, generator=g, device=DEV)
-    if q_form == "bf16":
-        return x.to(torch.bfloat16)
-    if q_form == "mxfp4":
-        values = torch.randint(0, 256, (*shape, 64), generator=g, device=DEV,
-                               dtype=torch.uint8)
-    else:
-        values = (x * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    if q_form in ("e4m3-mx", "mxfp4"):
-        e = torch.randint(*exponents, (*shape, 4), generator=g, device=DEV, dtype=torch.uint8)
-        return values, e.view(torch.int32).reshape(shape)
-    return values, None
+    return bench_logits.make_queries(q_form, batch, next_n, g, DEV, heads, exponents)
 
 
 def make_calls(fmt: str, q_form: str, batch: int, context: int, next_n: int, seed: int = 0):

@@ -66,8 +66,11 @@ def big_cache(fmt: str, num_blocks: int, device, seed: int = 0) -> torch.Tensor:
     return cache
 
 
-def make_queries(q_form: str, batch: int, next_n: int, g: torch.Generator, device):
-    shape = (batch, next_n, HEADS)
+def make_queries(q_form: str, batch: int, next_n: int, g: torch.Generator, device,
+                 heads: int = HEADS, exponents: tuple[int, int] = (121, 131)):
+    """Random queries of a form: bf16, (e4m3, None), (e4m3, scales) or (MXFP4, scales),
+    the scales' UE8M0 bytes drawn from ``exponents``."""
+    shape = (batch, next_n, heads)
     x = torch.randn(*shape, 128, generator=g, device=device)
     if q_form == "bf16":
         return x.to(torch.bfloat16)
@@ -77,7 +80,7 @@ def make_queries(q_form: str, batch: int, next_n: int, g: torch.Generator, devic
     else:
         values = (x * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
     if q_form in ("e4m3-mx", "mxfp4"):
-        e = torch.randint(121, 131, (*shape, 4), generator=g, device=device, dtype=torch.uint8)
+        e = torch.randint(*exponents, (*shape, 4), generator=g, device=device, dtype=torch.uint8)
         return values, e.view(torch.int32).reshape(shape)
     return values, None
 
