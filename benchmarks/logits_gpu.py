@@ -33,7 +33,7 @@ import triton
 
 from indexer_kcache import bench, layout
 from indexer_kcache.bench import logits as bench_logits
-from indexer_kcache.bench.logits import fp8_baseline_kernel, mxfp4_baseline_kernel, torch_unfused
+from indexer_kcache.bench.logits import torch_unfused
 from indexer_kcache.kernels.logits import FP4_FOLD_SPAN, VARIANT_ROWS, VARIANT_STACKED
 from indexer_kcache.logits import (
     Q_BF16,
@@ -299,34 +299,10 @@ CHECKS = ([dict(case, variant=VARIANT_STACKED) for case in BASE_CHECKS + STACKED
 
 
 # --------------------------------------------------------------------------------- peers
-def vllm_like(call: dict):
-    values, _ = call["q"]
-    batch, next_n = values.shape[:2]
-    rows = batch * next_n
-    tiles = -(-call["max_model_len"] // 64)
-    splits = max(1, min(1024 // rows, tiles))
-    out = torch.empty(rows, call["max_model_len"], device=DEV)
-    cache, table = call["k_cache"], call["block_table"]
-    q_bytes = values.view(torch.float8_e4m3fn)
-    return lambda: fp8_baseline_kernel[(rows, splits)](
-        q_ptr=q_bytes, w_ptr=call["weights"], cache_ptr=cache, page_stride=cache.stride(0),
-        table_ptr=table, table_sb=table.stride(0), ctx_ptr=call["context_lens"], out_ptr=out,
-        out_sr=out.stride(0), NEXT_N=next_n, H=HEADS, SPLITS=splits, BLOCK_SIZE=BLOCK,
-        num_warps=4)
-
-
-def sglang_like(call: dict, q_bf16: torch.Tensor):
-    batch, next_n = q_bf16.shape[:2]
-    rows = batch * next_n
-    tiles = -(-call["max_model_len"] // 64)
-    splits = max(1, min(1024 // rows, tiles))
-    out = torch.empty(rows, call["max_model_len"], device=DEV)
-    cache, table = call["k_cache"], call["block_table"]
-    return lambda: mxfp4_baseline_kernel[(rows, splits)](
-        q_ptr=q_bf16, w_ptr=call["weights"], cache_ptr=cache, page_stride=cache.stride(0),
-        table_ptr=table, table_sb=table.stride(0), ctx_ptr=call["context_lens"], out_ptr=out,
-        out_sr=out.stride(0), NEXT_N=next_n, H=HEADS, SPLITS=splits, BLOCK_SIZE=BLOCK,
-        num_warps=4)
+def baseline(call: dict, fp4: bool):
+    """The bench's baseline kernel of the cache's format, writing a fresh output."""
+    out = torch.empty(call["weights"].shape[0], call["max_model_len"], device=DEV)
+    return bench_logits.baseline(dict(call, out=out), fp4)
 
 
 # ----------------------------------------------------------------------------------- run
@@ -424,12 +400,8 @@ def main() -> None:
             if next_n != 1:
                 continue
             calls, nbytes = make_calls(fmt, "e4m3" if not fp4 else "bf16", batch, context, 1)
-            if fp4:
-                kernel = [sglang_like(c, c["q"]) for c in calls]
-                impl = "sglang-like-mxfp4"
-            else:
-                kernel = [vllm_like(c) for c in calls]
-                impl = "vllm-like-fp8"
+            kernel = [baseline(c, fp4) for c in calls]
+            impl = "sglang-like-mxfp4" if fp4 else "vllm-like-fp8"
             for name, fns in ((impl, kernel),
                               ("torch-unfused", [torch_unfused(c, fp4, mx) for c in calls[:2]]
                                if (batch, context) in PEER_SHAPES else None)):
