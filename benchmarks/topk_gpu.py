@@ -4,20 +4,18 @@
 
 1. Checks ``top_k_indices`` (k = 2048) against the reference, element for element, at
    every shape: random normal logits, rows of ties, NaN and -inf, ragged lengths and bf16
-   with the default settings and the torch.sort variant, normal logits with every
-   candidate setting timed below. Reports how often a long row fell back from its
-   candidates to the whole row.
+   with the default settings, normal logits with every candidate setting timed below.
+   Reports how often a long row fell back from its candidates to the whole row.
 2. Times, by CUDA-graph replay and CUDA events (median), each candidate setting and
    ``torch.topk(logits, k, dim=1, sorted=True)``, cycling through logits buffers that
    together exceed the L2 cache, so every call reads its logits from device memory.
    Bytes are the logits read; % copy is against a device-to-device copy (bytes read plus
-   written per second) measured in the same run. Also times ``torch.sort`` of a
-   ``[rows, capacity]`` int64 candidate buffer (the torch.sort variant's middle step).
+   written per second) measured in the same run.
 3. Per-kernel GPU times of the default settings (profiler, eager calls).
 
-Candidate settings: ``default`` is ``topk_settings``' choice; ``old-*`` is the previous
-method (radix passes with histograms, streamed candidates, one 4096-column filter step
-per program); the others change one thing of the default.
+Candidate settings: ``default`` is ``topk_settings``' choice; the others change one thing
+of it (``sampled``: short rows through the sample and filter kernels; ``direct``: rows up
+to 8192 columns ranked whole).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
 "bytes", ...}``) and ``topk_gpu.txt`` to ``$OUT`` when it is set; prints a table last.
@@ -79,33 +77,21 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
     """The default settings and a handful of variations, by label."""
     base = topk.topk_settings(rows, cols, k, interpreted=interpreted)
     out = {"default": base}
-    sort_block = base.sort_block
     if base.splits == 0:
-        step = 1024
-        variants = [
-            ("sampled", dict(splits=-(-cols // step), step=step, filter_warps=4,
-                             sample_block=1024, capacity=max(2 * sort_block, 4096),
-                             select_block=max(2 * sort_block, 4096), select_warps=16)),
-            ("sampled-torch-sort", dict(splits=-(-cols // step), step=step, filter_warps=4,
-                                        sample_block=1024, capacity=max(2 * sort_block, 4096),
-                                        select_block=max(2 * sort_block, 4096),
-                                        select_warps=16, torch_sort=True)),
-            ("old-direct-radix4", dict(count_search=False, radix_bits=4)),
-            ("direct-radix8", dict(count_search=False)),
-        ]
+        sampled = topk.topk_settings(rows, cols, k, interpreted=interpreted,
+                                     direct_max_cols=0)._asdict()
+        variants = [("sampled", sampled), ("direct-w8", dict(select_warps=8))]
     else:
-        old = dict(count_search=False, radix_bits=4, step=4096, filter_warps=8,
-                   splits=-(-cols // 4096), capacity=max(4 * sort_block, 4096),
-                   select_block=4096, select_warps=8 if sort_block <= 4096 else 16)
         variants = [
-            ("torch-sort", dict(torch_sort=True)),
-            ("filter2048-w8", dict(step=2048, filter_warps=8, splits=-(-cols // 2048))),
-            ("filter4096-w8", dict(step=4096, filter_warps=8, splits=-(-cols // 4096))),
-            ("filter-4steps", dict(splits=-(-cols // (4 * base.step)))),
             ("select-w8", dict(select_warps=8)),
-            ("sample4096", dict(sample_block=4096)),
-            ("old-radix4", old),
+            ("width8", dict(width=8)),
+            ("chunk256", dict(chunk=256)),
+            ("sample2048", dict(sample_block=2048)),
+            ("filter2048-w8", dict(step=2048, filter_warps=8, splits=-(-cols // 2048))),
         ]
+        if cols <= 8192:
+            variants.append(("direct", topk.topk_settings(
+                rows, cols, k, interpreted=interpreted, direct_max_cols=cols)._asdict()))
     if quick:
         variants = variants[:2]
     for label, change in variants:
@@ -141,10 +127,8 @@ def check_shape(rows, cols, k, settings_by_label, g, log) -> list[str]:
             logits = logits.bfloat16()
         lengths = ragged_lengths(rows, cols, g) if kind == "ragged" else None
         want = reference.top_k_indices(logits, k, lengths)
-        # Every setting on one input (each is a compile); the default and the torch.sort
-        # variants on every input.
-        labels = settings_by_label if kind == "normal" else [
-            label for label in settings_by_label if label == "default" or "torch-sort" in label]
+        # Every setting on one input (each is a compile); the default on every input.
+        labels = settings_by_label if kind == "normal" else ["default"]
         for label in labels:
             s = settings_by_label[label]
             out = torch.full((rows, k), -7, dtype=torch.int32, device=DEVICE)
@@ -153,10 +137,9 @@ def check_shape(rows, cols, k, settings_by_label, g, log) -> list[str]:
             same = torch.equal(out, want)
             note = ""
             if "cand_count" in buffers:
-                n = lengths.clamp(0, cols) if lengths is not None else torch.full_like(
-                    buffers["cand_count"], cols)
                 counts = buffers["cand_count"]
-                fallback = (counts > s.capacity) | (counts < n.clamp(max=k))
+                n = lengths.clamp(0, cols) if lengths is not None else torch.full_like(counts, cols)
+                fallback = (counts > s.block) | (counts < n.clamp(max=k))
                 note = (f" candidates/k median {float(counts.float().median()) / k:.2f}, "
                         f"row fallbacks {int(fallback.sum())}/{rows}")
             if not same:
@@ -251,13 +234,6 @@ def main(argv=None) -> int:
         records.append(dict(op="topk", impl="torch-topk", rows=rows, cols=cols, k=k,
                             gpu_us=torch_us, bytes=nbytes))
         log(f"time {rows}x{cols} torch.topk(sorted=True) {torch_us:8.2f} us")
-        capacity = max(s.capacity for s in settings_by_label.values()) or 4096
-        cands = [torch.randint(-2**62, 2**62, (rows, capacity), device=DEVICE, generator=g)
-                 for _ in range(4)]
-        sort_us = graph_time_us(
-            [lambda c=c: torch.sort(c, dim=1, descending=True) for c in cands], 32)
-        log(f"time {rows}x{cols} torch.sort([{rows}, {capacity}] int64) {sort_us:8.2f} us")
-        del cands
         timed = {}
         for label, s in settings_by_label.items():
             us = graph_time_us([call(x, k, None, out, s) for x in logits_list], calls)

@@ -118,23 +118,20 @@ def check(logits, k, lengths=None, settings=None, buffers=None) -> None:
     assert torch.equal(got.cpu(), want), f"seed {SEED}"
 
 
-# How the long-row path finishes: radix passes streamed over the candidates, the count
-# search on the candidates in registers, or torch.sort of the candidates.
-METHODS = ["radix", "count", "torch-sort"]
-
-
-def small_split_settings(k, cols, method="radix", **changes) -> topk.TopKSettings:
-    """The long-row path at interpreter sizes: a small sample and small steps."""
-    sort_block = max(1 << max(min(k, cols) - 1, 0).bit_length(), 32)
-    capacity = max(8 * sort_block, 256)
+def small_split_settings(k, cols, **changes) -> topk.TopKSettings:
+    """The long-row path at interpreter sizes: a small sample (so about 3.5 times k
+    candidates) and filter programs of 256 columns."""
+    block = max(1 << max(min(k, cols) - 1, 0).bit_length(), 32)
     base = topk.TopKSettings(splits=3, step=256, filter_warps=4, sample_block=256,
-                             capacity=capacity, select_block=512, select_warps=4, radix_bits=4,
-                             sort_block=sort_block)
-    if method == "count":
-        base = base._replace(count_search=True, select_block=capacity)
-    elif method == "torch-sort":
-        base = base._replace(torch_sort=True)
+                             block=max(8 * block, 256), select_warps=4, radix_bits=4,
+                             stream_block=512)
     return base._replace(**changes)
+
+
+def usable(buffers, settings, want) -> torch.Tensor:
+    """Per row: whether the select kernel ranks the candidates (else the radix selection)."""
+    counts = buffers["cand_count"].cpu()
+    return (counts >= want) & (counts <= settings.block)
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -202,101 +199,116 @@ def test_out_with_reference_and_triton(backend):
     assert torch.equal(out.cpu(), oracle(logits, 8))
 
 
-def test_chunked_direct_rows():
-    """The select kernel stepping through a row wider than its block."""
+def test_rows_past_the_block_by_radix_selection():
+    """A row wider than the select kernel's block: its top k found by radix selection
+    streamed from the row, several steps of columns."""
     g = generator(4)
     logits = make_logits("few-distinct", 3, 1500, torch.float32, seed=4)
-    settings = topk.TopKSettings(0, 0, 0, 0, 0, select_block=512, select_warps=4, radix_bits=4,
-                                 sort_block=128)
+    settings = topk.TopKSettings(0, 0, 0, 0, block=128, select_warps=4, radix_bits=4,
+                                 stream_block=512)
     check(logits, 100, random_lengths(3, 1500, g), settings)
 
 
-@pytest.mark.parametrize("count_search", [True, False], ids=["count", "radix"])
+@pytest.mark.parametrize("path", ["ranked-whole", "radix"])
 @pytest.mark.parametrize("kind", ["few-distinct", "all-equal", "signed-zeros", "specials"])
-def test_direct_rows_both_searches(kind, count_search):
-    """A short row in registers, searched by counting (ties decided on the column bits)
-    or by radix passes."""
+def test_direct_rows_both_paths(kind, path):
+    """A short row ranked whole in registers, or (a block narrower than the row) its top k
+    by radix passes, then ranked."""
     g = generator(12)
     logits = make_logits(kind, 3, 700, torch.float32, seed=12)
-    settings = topk.topk_settings(3, 700, 90)._replace(count_search=count_search)
-    assert settings.splits == 0
+    settings = topk.topk_settings(3, 700, 90)
+    assert settings.splits == 0 and settings.block >= 700
+    if path == "radix":
+        settings = settings._replace(block=128, stream_block=256)
     check(logits, 90, random_lengths(3, 700, g), settings)
 
 
-def test_count_search_ties_at_the_threshold():
-    """The k-th value repeated across the row: the tie passes pick the lowest columns."""
+def test_ties_at_the_k_th_value():
+    """The k-th value repeated across the row: the lowest columns of the tie come first."""
     logits = torch.randn(2, 1000, generator=generator(15))
     logits[:, 100::3] = 1.5  # the k-th largest is 1.5, shared by many columns
     logits[0, 999] = 1.5
     check(logits.to(DEVICE), 64)
 
 
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "no-compact"])
 @pytest.mark.parametrize("radix_bits", [4, 8])
 @pytest.mark.parametrize("kind", ["normal", "few-distinct", "signed-zeros"])
-def test_radix_digit_widths(kind, radix_bits, compact):
-    """Both digit widths; with and without the passes on the group's copy."""
+def test_radix_digit_widths(kind, radix_bits):
+    """Both digit widths of the radix selection (a block narrower than the row)."""
     logits = make_logits(kind, 2, 900, torch.float32, seed=radix_bits)
-    settings = topk.topk_settings(2, 900, 50)._replace(radix_bits=radix_bits, compact=compact)
+    settings = topk.topk_settings(2, 900, 50)._replace(radix_bits=radix_bits, block=64,
+                                                       stream_block=256)
     check(logits, 50, None, settings)
 
 
+@pytest.mark.parametrize("chunk, width", [(32, 1), (64, 2), (512, 16)])
+@pytest.mark.parametrize("kind", ["normal", "few-distinct", "all-equal", "magnitudes"])
+def test_ranking_steps(kind, chunk, width):
+    """Ranking in steps of few pairs and bucket members: crowded buckets (few values)
+    and sparse ones (magnitudes: a wide range) alike."""
+    g = generator(16)
+    logits = make_logits(kind, 3, 600, torch.float32, seed=16)
+    settings = topk.topk_settings(3, 600, 200)._replace(chunk=chunk, width=width)
+    check(logits, 200, random_lengths(3, 600, g), settings)
+
+
 # ----------------------------------------------------------------------------- long rows
-@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "magnitudes", "specials"])
-def test_long_rows_through_candidates(kind, dtype, method):
+def test_long_rows_through_candidates(kind, dtype):
     g = generator(6)
     cols, k = 3000, 100
     logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=6)
     lengths = torch.tensor([cols, 2000, 2999], dtype=torch.int32, device=DEVICE)
     buffers = {}
-    settings = small_split_settings(k, cols, method)
+    settings = small_split_settings(k, cols)
     check(logits, k, lengths, settings, buffers)
-    counts = buffers["cand_count"].cpu()
-    assert ((counts >= k) & (counts <= settings.capacity)).all(), counts  # no fallback
+    assert usable(buffers, settings, torch.tensor([k, k, k])).all()  # no fallback
     check(logits, k, random_lengths(3, cols, g), settings)
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_long_rows_overflowing_the_candidates(method):
-    """Rows of equal values: every column reaches the threshold; the select kernel reads
-    the row itself."""
+def test_long_rows_overflowing_the_candidates():
+    """Rows of equal values: every column reaches the threshold; the select kernel finds
+    the top k in the row itself."""
     cols, k = 3000, 100
     logits = make_logits("all-equal", 2, cols, torch.float32)
     buffers = {}
-    settings = small_split_settings(k, cols, method)
+    settings = small_split_settings(k, cols)
     check(logits, k, None, settings, buffers)
-    assert (buffers["cand_count"].cpu() > settings.capacity).all()
+    assert (buffers["cand_count"].cpu() > settings.block).all()
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_long_rows_of_few_values(method):
+def test_long_rows_of_few_values():
     """Long runs of ties among the candidates (or past the capacity): exact either way."""
     g = generator(13)
     cols, k = 2500, 150
     logits = make_logits("few-distinct", 3, cols, torch.float32, seed=13)
-    check(logits, k, random_lengths(3, cols, g), small_split_settings(k, cols, method))
+    check(logits, k, random_lengths(3, cols, g), small_split_settings(k, cols))
 
 
-def test_count_search_candidates_past_the_register_block():
-    """Candidates that fit the buffer but not the select kernel's register block are
-    selected by the streamed radix passes."""
+def test_long_rows_whose_candidates_fit_the_block_or_not():
+    """The smallest block that holds every row's candidates ranks them all; the largest
+    that holds none sends every row to the radix selection; exact either way."""
     cols, k = 3000, 100
-    logits = make_logits("normal", 2, cols, torch.float32, seed=14)
-    settings = small_split_settings(k, cols, "count", select_block=128)
+    logits = make_logits("normal", 4, cols, torch.float32, seed=14)
     buffers = {}
-    check(logits, k, None, settings, buffers)
+    check(logits, k, None, small_split_settings(k, cols), buffers)
     counts = buffers["cand_count"].cpu()
-    assert ((counts > settings.select_block) & (counts <= settings.capacity)).all(), counts
+    fits = 1 << (int(counts.max()) - 1).bit_length()
+    short = 1 << (int(counts.min()) - 1).bit_length() - 1
+    assert short >= 128  # the radix selection's survivors (k) fit
+    for block, ranked in ((fits, True), (short, False)):
+        settings = small_split_settings(k, cols, block=block)
+        buffers = {}
+        check(logits, k, None, settings, buffers)
+        assert usable(buffers, settings, torch.full((4,), k)).eq(ranked).all()
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_long_rows_whose_sample_misleads(method):
+def test_long_rows_whose_sample_misleads():
     """The sample sees only large values, the row has few: fewer candidates than k, so
     the select kernel reads the row itself."""
     cols, k = 3000, 300
-    settings = small_split_settings(k, cols, method, sample_block=64)
+    settings = small_split_settings(k, cols, sample_block=64)
     logits = make_logits("normal", 2, cols, torch.float32)
     stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
     stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
@@ -313,15 +325,13 @@ def test_k_2048_short_rows():
     check(logits, 2048, random_lengths(2, 2600, g))
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_k_2048_long_rows(method):
+def test_k_2048_long_rows():
     cols = 6000
     logits = make_logits("normal", 1, cols, torch.float32, seed=9)
-    settings = small_split_settings(2048, cols, method, sample_block=1024, step=1024,
-                                    select_block=4096 if method != "count" else 16384)
+    settings = small_split_settings(2048, cols, sample_block=1024, step=1024, block=4096)
     buffers = {}
     check(logits, 2048, None, settings, buffers)
-    assert 2048 <= int(buffers["cand_count"][0]) <= settings.capacity
+    assert 2048 <= int(buffers["cand_count"][0]) <= settings.block
 
 
 def test_default_settings_long_rows():
@@ -336,15 +346,16 @@ def test_default_settings_long_rows():
                                            (512, 8192, 2048), (4, 300000, 64),
                                            (2, 20000, 16384)])
 def test_gpu_settings_are_consistent(rows, cols, k):
-    """The settings chosen for the GPU: candidates searched in registers fit the select
-    block, filter programs cover the row, the sort block covers min(k, cols)."""
+    """The settings chosen for the GPU: filter programs cover the row, the block covers
+    min(k, cols) (and the row, read directly), warps hold 32 pairs a thread or fewer."""
     s = topk.topk_settings(rows, cols, k, interpreted=False)
-    assert s.sort_block >= min(k, cols) and s.sort_block & (s.sort_block - 1) == 0
+    assert s.block >= min(k, cols) and s.block & (s.block - 1) == 0
+    assert s.block <= 32 * 32 * s.select_warps
     if s.splits == 0:
-        assert s.select_block >= cols and s.count_search
+        assert s.block >= cols
     else:
-        assert s.splits * s.step >= cols and s.capacity >= 2 * min(k, cols)
-        assert not s.count_search or s.capacity <= s.select_block
+        assert s.splits * s.step >= cols
+        assert s.block >= 2 * min(k, cols) or min(k, cols) > 4096
         assert s.sample_block & (s.sample_block - 1) == 0
 
 

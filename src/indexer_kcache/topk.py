@@ -36,21 +36,21 @@ LENGTHS_DTYPES = (torch.int32,)
 OUT_DTYPES = (torch.int32,)
 # The column is the low 32-bit word of a pair, its complement ranking lower columns first.
 MAX_COLS = 2**31 - 1
-# The select kernel sorts min(k, cols) pairs in one program.
+# The select kernel ranks min(k, cols) pairs in one program.
 MAX_SORTED = 16384
 
 # Settings (see topk_settings).
-DIRECT_MAX_COLS = 8192  # up to this width a row is read whole by one program (16 keys a thread)
+DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole
 FILTER_STEP = 1024  # columns per program of the filter kernel (8 a thread: 8 CTAs an SM)
 FILTER_WARPS = 4
 SAMPLE_HITS = 128  # expected sampled elements among the top k: the threshold's precision
 MIN_SAMPLE, MAX_SAMPLE = 1024, 8192  # sampled columns per long row
 SAMPLE_CHUNK = 32  # consecutive columns per piece of the sample (128 bytes of fp32)
 THRESHOLD_BITS = 16  # top key bits the sample's threshold is given to
-CANDIDATE_STEP = 4096  # candidates per step of the select kernel when streamed
-MAX_REGISTER_CANDIDATES = 8192  # at most this many candidates are searched in registers
+STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a row
 RADIX_BITS = 8
-INT64_MIN = -(2**63)  # padding of the candidates sorted by torch.sort (lowest)
+RANK_CHUNK = 512  # pairs ranked per step
+RANK_WIDTH = 4  # bucket members compared per inner step
 
 
 class TopKSettings(NamedTuple):
@@ -60,18 +60,12 @@ class TopKSettings(NamedTuple):
     step: int  # columns per step of the filter kernel
     filter_warps: int
     sample_block: int  # sampled columns per row
-    capacity: int  # candidate pairs per row
-    select_block: int  # elements per step of the select kernel
+    block: int  # pairs ranked per row (the candidate capacity): a power of two >= min(k, cols)
     select_warps: int
     radix_bits: int  # bits decided per pass of the radix selection (and of the sample)
-    sort_block: int  # pairs sorted per row: a power of two >= min(k, cols)
-    compact: bool = True  # later radix passes read the group's copy once it fits sort_block
-    # Search a source held in registers (a row of at most select_block columns, or
-    # candidates that fit select_block) by counting instead of radix passes.
-    count_search: bool = False
-    # Long rows: sort the candidates with torch.sort (the select kernel copies the first
-    # columns) instead of selecting and sorting them in the select kernel.
-    torch_sort: bool = False
+    stream_block: int = STREAM_BLOCK
+    chunk: int = RANK_CHUNK
+    width: int = RANK_WIDTH
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -94,37 +88,36 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _select_warps(block: int) -> int:
+    return min(max(block // 256, 4), 16)  # 8 pairs a thread, as 4 to 16 warps
+
+
 @tunable
-def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED) -> TopKSettings:
+def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
+                  direct_max_cols: int | None = None) -> TopKSettings:
     """Deterministic settings for a shape.
 
-    Rows up to ``DIRECT_MAX_COLS`` wide are read once by one program each, kept in
-    registers and searched by counting. Longer rows are sampled (enough columns to expect
+    Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``) wide are read once by
+    the select kernel and ranked whole. Longer rows are sampled (enough columns to expect
     ``SAMPLE_HITS`` of the top k), then filtered by one program per ``FILTER_STEP``
-    columns (small programs, many resident per SM); the select kernel then searches the
-    candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
-    values) in registers.
+    columns (small programs, many resident per SM); the select kernel ranks the
+    candidates, about 1.4 times ``min(k, cols)`` for rows without long runs of equal
+    values, in a block of twice that.
     """
-    sort_block = max(_next_power_of_2(min(k, cols)), 32)
-    select_warps = 4 if sort_block <= 1024 else 8 if sort_block <= 4096 else 16
-    direct_max = 4096 if interpreted else DIRECT_MAX_COLS
-    if cols <= direct_max:
-        # The row stays in registers: a warp per 512 columns, up to 16 (8192 columns: 16
-        # keys a thread).
+    want_block = max(_next_power_of_2(min(k, cols)), 32)
+    if direct_max_cols is None:
+        direct_max_cols = 1024 if interpreted else DIRECT_MAX_COLS
+    if cols <= direct_max_cols:
         block = max(_next_power_of_2(cols), 32)
-        return TopKSettings(0, 0, 0, 0, 0, block, min(max(select_warps, block // 512), 16),
-                            RADIX_BITS, sort_block, count_search=True)
-    capacity = max(2 * sort_block, CANDIDATE_STEP)
+        return TopKSettings(0, 0, 0, 0, block, _select_warps(block), RADIX_BITS)
+    # Room for the candidates; past 4096 wanted, the row's top k by the radix fallback.
+    block = 2 * want_block if want_block <= 4096 else want_block
     sample = min(max(_next_power_of_2(SAMPLE_HITS * cols // k), MIN_SAMPLE), MAX_SAMPLE)
-    in_registers = capacity <= MAX_REGISTER_CANDIDATES
-    select_block = capacity if in_registers else CANDIDATE_STEP
-    warps = min(max(select_warps, select_block // 512), 16) if in_registers else select_warps
     if interpreted:  # the interpreter's cost is per program: few, large ones
-        return TopKSettings(min(cols // 1024, 4), 1024, 4, sample, capacity, select_block,
-                            warps, RADIX_BITS, sort_block, count_search=in_registers)
+        return TopKSettings(min(cols // 1024, 4), 1024, 4, sample, block, 4, RADIX_BITS)
     splits = -(-cols // FILTER_STEP)  # one step a program: no serial steps behind atomics
-    return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, capacity, select_block,
-                        warps, RADIX_BITS, sort_block, count_search=in_registers)
+    return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block, _select_warps(block),
+                        RADIX_BITS)
 
 
 def _check_int(name: str, value: object) -> None:
@@ -191,18 +184,15 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
         split_cols = -(-cols // s.splits)
         split_cols = -(-split_cols // s.step) * s.step
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, **common,
-                                       split_cols=split_cols, capacity=s.capacity, BLOCK=s.step,
-                                       SIGNED_PAIRS=s.torch_sort)
+                                       split_cols=split_cols, capacity=s.block, BLOCK=s.step)
         filter_grid = (rows, -(-cols // split_cols))
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     select = SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps, **common, k=k, low_skip=low_skip,
-        low_bits=(cols - 1).bit_length(), capacity=s.capacity,
-        out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        SINGLE_BLOCK=s.splits == 0 and cols <= s.select_block, BLOCK=s.select_block,
-        SORT_BLOCK=s.sort_block, RADIX_BITS=s.radix_bits, COMPACT=s.compact,
-        COUNT_SEARCH=s.count_search, SORTED_CANDIDATES=s.splits > 0 and s.torch_sort)
+        capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
+        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits, CHUNK=s.chunk,
+        WIDTH=s.width)
     return sample, filter_, filter_grid, select
 
 
@@ -222,26 +212,22 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
     sample, filter_, filter_grid, select = launches
     device = plan.device
     lengths = call.lengths if call.lengths is not None else out  # not read without lengths
-    scratch = torch.empty((rows, s.sort_block), dtype=torch.int64, device=device)
+    scratch = torch.empty((rows, s.block), dtype=torch.int64, device=device)
+    counts = torch.empty((rows, 2 * s.block), dtype=torch.int32, device=device)
     if s.splits:
         threshold = torch.empty((rows,), dtype=torch.int32, device=device)
         cand_count = torch.empty((rows,), dtype=torch.int32, device=device)
-        if s.torch_sort:  # padding that sorts last
-            cand = torch.full((rows, s.capacity), INT64_MIN, dtype=torch.int64, device=device)
-        else:
-            cand = torch.empty((rows, s.capacity), dtype=torch.int64, device=device)
+        cand = torch.empty((rows, s.block), dtype=torch.int64, device=device)
         sample((rows,), logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
                cand_count_ptr=cand_count)
         filter_(filter_grid, logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
                 cand_ptr=cand, cand_count_ptr=cand_count)
-        if s.torch_sort:
-            cand = torch.sort(cand, dim=1, descending=True).values
         if buffers is not None:
             buffers.update(threshold=threshold, cand_count=cand_count, cand=cand)
     else:
         cand, cand_count = scratch, out  # not read: FROM_CANDIDATES is False
     select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
-           cand_count_ptr=cand_count, scratch_ptr=scratch, out_ptr=out)
+           cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts, out_ptr=out)
 
 
 def run_topk(plan: TopKPlan, call) -> None:

@@ -1,4 +1,4 @@
-"""Top-k selection: exact selection on order-preserving keys, then a sort of the k.
+"""Top-k selection: a short list of candidates per row, then their exact order by counting.
 
 Every eligible element ``(value, column)`` of a row is ranked by a pair of 32-bit words,
 compared as one unsigned 64-bit number (high word first):
@@ -7,29 +7,27 @@ compared as one unsigned 64-bit number (high word first):
   (-0.0 made +0.0 first; NaN below every number);
 * ``low = ~column``: among equal keys the lower column ranks higher.
 
-Pairs are distinct, so a row's top k are its k largest pairs. ``topk_select_kernel``
-finds the k-th largest pair, compacts the pairs at or above it (the survivors) through a
-per-row scratch vector and sorts them descending with ``tl.sort``. Two searches find it:
+Pairs are distinct, so a row's top k are its k largest pairs, and the position of a pair
+in the result is the number of the row's pairs above it: its rank.
 
-* ``COUNT_SEARCH``, for a source held in registers (a short row, or a long row's
-  candidates): a binary search on the key, one bit a pass, each pass one count of the
-  elements at or above the trial value (a compare and a sum), then, only while ties
-  remain at the found key, the same search on ``~column``;
-* radix selection streamed from memory, ``RADIX_BITS`` bits a pass (key bits first, then
-  column bits while ties remain; a pass that takes its whole bucket ends the search), for
-  sources too long for registers and for the rows whose candidates cannot be used.
+``topk_select_kernel`` (a program per row) ranks a source of at most ``BLOCK`` pairs held
+in registers (``_order``): it cuts the range between the largest and the smallest pair
+into ``BLOCK`` buckets of equal width, counts the pairs per bucket with atomic adds (which
+also give each pair a slot in its bucket), places the pairs bucket by bucket into a
+scratch row, and ranks each pair as its bucket's start plus the number of the bucket's
+pairs above it. Buckets hold a pair or two on average, so ranking costs a few compares
+per pair, where a sorting network costs a few hundred (``tl.sort``'s cost: BENCHMARKS.md,
+"The top-k"). Only the pairs of buckets that start within the first
+``k`` ranks are ranked.
 
-``SORTED_CANDIDATES`` finishes differently: the candidates were sorted on the host
-(``torch.sort`` of the pairs with the top bit flipped, so that signed order is the pairs'
-order, padding lowest) and the kernel copies the first columns.
-
-Short rows are read by ``topk_select_kernel`` directly. Long rows first go through
-``topk_sample_kernel``, which picks a key threshold from a fixed sample of the row (a
-little below the sample's share of the k), and ``topk_filter_kernel``, which appends every
-pair whose key reaches the threshold to the row's candidate buffer; the select kernel then
-reads the candidates. The threshold only decides the amount of work, never the result:
-when the candidates are fewer than the k, or overflow their buffer, the select kernel
-reads the whole row instead.
+The source is the row itself when it fits; a longer row's candidates otherwise:
+``topk_sample_kernel`` picks a key threshold from a fixed sample of the row (a little
+below the sample's share of the k) and ``topk_filter_kernel`` appends every pair whose key
+reaches it to the row's candidate buffer. The threshold only decides the amount of work,
+never the result: when the candidates are fewer than the k, or overflow the buffer, the
+select kernel finds the row's k largest pairs by radix selection streamed from memory
+(``RADIX_BITS`` bits a pass, key bits first, then column bits while ties remain) and ranks
+those.
 
 Every kernel reads only eligible columns (``column < min(lengths[row], cols)``) and writes
 only inside its buffers, whatever the lengths say.
@@ -42,7 +40,6 @@ SIGN_BIT = tl.constexpr(0x80000000)
 ABS_MASK = tl.constexpr(0x7FFFFFFF)
 INF_BITS = tl.constexpr(0x7F800000)  # the magnitude of +-inf; larger magnitudes are NaN
 WORD_MASK = tl.constexpr(0xFFFFFFFF)
-TOP_BIT = tl.constexpr(0x8000000000000000)  # flipped for a signed sort of the pairs
 # tl.histogram spreads its bins over a warp's lanes: fewer than 32 bins cost as much as 32.
 MIN_BINS = tl.constexpr(32)
 # _positions scans rows of this many elements (a thread's share of a block, typically).
@@ -118,37 +115,6 @@ def _positions(take, BLOCK: tl.constexpr):
     per_row = tl.sum(grid, 1)
     before = tl.cumsum(per_row, 0) - per_row
     return tl.reshape(inner + before[:, None], [BLOCK]) - 1
-
-
-@triton.jit
-def _count_threshold(key, low, valid, want, low_bits):
-    """The want-th largest valid pair ``(threshold_key, threshold_low)`` of a block held in
-    registers (``1 <= want <=`` its valid elements), by counting: the pairs at or above it
-    are exactly the top ``want``.
-
-    The key: the largest value ``t`` with at least ``want`` keys ``>= t``, decided one bit
-    a pass from the top (32 passes, each a compare and a sum). Then, if the keys equal to
-    ``t`` are more than the ``need`` still wanted, the largest ``~column`` word ``l``
-    with ``need`` of them at or above it, over the ``low_bits`` bits that vary between
-    columns (``~column`` has its higher bits set); else ``l = 0``: the whole tie.
-    """
-    one = tl.full([], 1, tl.uint32)
-    t = tl.zeros([], tl.uint32)
-    for bit in range(0, 32):
-        trial = t | (one << tl.cast(31 - bit, tl.uint32))
-        count = tl.sum((valid & (key >= trial)).to(tl.int32), 0)
-        t = tl.where(count >= want, trial, t)
-    above = tl.sum((valid & (key > t)).to(tl.int32), 0)
-    tie = valid & (key == t)
-    need = want - above
-    threshold_low = tl.zeros([], tl.uint32)
-    if tl.sum(tie.to(tl.int32), 0) != need:
-        threshold_low = ~((one << tl.cast(low_bits, tl.uint32)) - 1)
-        for bit in range(0, low_bits):
-            trial = threshold_low | (one << tl.cast(low_bits - 1 - bit, tl.uint32))
-            count = tl.sum((tie & (low >= trial)).to(tl.int32), 0)
-            threshold_low = tl.where(count >= need, trial, threshold_low)
-    return t, threshold_low
 
 
 @triton.jit
@@ -323,15 +289,13 @@ def topk_filter_kernel(
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     BLOCK: tl.constexpr,
-    SIGNED_PAIRS: tl.constexpr,
 ):
     """Program (row, split): appends the pairs of columns ``[split * split_cols,
     (split + 1) * split_cols)`` whose key is at least ``threshold[row]`` to ``cand[row]``
     (int64 ``[rows, capacity]``), ``BLOCK`` columns a step, reserving room with one atomic
     add a step on ``cand_count[row]`` (which ends as the row's candidate count, even past
     ``capacity``: only what fits is written). The order of the candidates varies from run
-    to run; the result does not. ``SIGNED_PAIRS``: the pairs' top bit flipped (for a
-    signed sort).
+    to run; the result does not.
 
     Blocks wholly inside the eligible columns load without a mask, so that the loads are
     vectors (``split_cols`` is a multiple of ``BLOCK``)."""
@@ -356,8 +320,6 @@ def topk_filter_kernel(
             base = tl.atomic_add(cand_count_ptr + row, taken, sem="relaxed")
             position = base + _positions(take, BLOCK)
             pair = _pair(key, ~(block + offsets).to(tl.uint32))
-            if SIGNED_PAIRS:
-                pair = pair ^ TOP_BIT
             tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True),
                      mask=take & (position < capacity))
 
@@ -448,103 +410,125 @@ def _radix_survivors(want, row_ptr, cand_row_ptr, source_len, use_candidates, sc
                  valid0, IS_BF16, FROM_CANDIDATES, SINGLE_BLOCK, BLOCK)
 
 
-@triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip", "low_bits"])
+
+@triton.jit
+def _order(pair, valid, want, counts_row_ptr, sorted_row_ptr, out_row_ptr,
+           BLOCK: tl.constexpr, CHUNK: tl.constexpr, WIDTH: tl.constexpr):
+    """Writes ``out_row[r]`` = the column of the pair of rank ``r`` (0 = the largest) among
+    the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``), for every ``r < want``.
+
+    ``counts_row`` (int32 ``[2 * BLOCK]``) and ``sorted_row`` (int64 ``[BLOCK]``) are the
+    program's scratch. Pair ``x`` goes to bucket ``(top - x) >> shift``, ``top`` the
+    largest pair and ``shift`` the smallest that maps the whole range below ``BLOCK``:
+    larger pairs, lower buckets. The pairs of the buckets that start below ``want`` are
+    then ranked ``CHUNK`` at a time, each against its bucket's members, ``WIDTH`` at a
+    time."""
+    top = tl.max(tl.where(valid, pair, 0), 0)
+    bottom = ~tl.max(tl.where(valid, ~pair, 0), 0)
+    span = top - bottom
+    shift = tl.zeros([], tl.uint64)
+    for _ in range(0, 64):  # one bit a step: the bucket index of the span fits BLOCK
+        shift += ((span >> shift) >= BLOCK).to(tl.uint64)
+    bucket = tl.where(valid, ((top - pair) >> shift).to(tl.int32), 0)
+    bins = tl.arange(0, BLOCK)
+    starts_row_ptr = counts_row_ptr + BLOCK
+    tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
+    tl.debug_barrier()
+    # The old count is the pair's slot in its bucket (atomics give every pair its own).
+    slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32), mask=valid,
+                         sem="relaxed")
+    tl.debug_barrier()
+    count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
+    start = tl.cumsum(count, 0) - count
+    tl.store(starts_row_ptr + bins, start)
+    # The pairs of the buckets that start below want: every rank below want is theirs.
+    end = tl.sum(tl.where(start < want, count, 0), 0)
+    tl.debug_barrier()
+    position = tl.load(starts_row_ptr + bucket, mask=valid, other=0, cache_modifier=".cg") + slot
+    tl.store(sorted_row_ptr + position, pair.to(tl.int64, bitcast=True), mask=valid)
+    tl.debug_barrier()
+    lanes = tl.arange(0, WIDTH)
+    for first in range(0, end, CHUNK):
+        p = first + tl.arange(0, CHUNK)
+        live = p < end
+        x = tl.load(sorted_row_ptr + p, mask=live, other=0, cache_modifier=".cg").to(
+            tl.uint64, bitcast=True)
+        b = tl.where(live, ((top - x) >> shift).to(tl.int32), 0)
+        b_start = tl.load(starts_row_ptr + b, mask=live, other=0, cache_modifier=".cg")
+        b_count = tl.load(counts_row_ptr + b, mask=live, other=0, cache_modifier=".cg")
+        above = tl.zeros([CHUNK], tl.int32)
+        for member in range(0, tl.max(b_count, 0), WIDTH):
+            j = member + lanes
+            inside = j[None, :] < b_count[:, None]
+            y = tl.load(sorted_row_ptr + b_start[:, None] + j[None, :], mask=inside, other=0,
+                        cache_modifier=".cg").to(tl.uint64, bitcast=True)
+            above += tl.sum((inside & (y > x[:, None])).to(tl.int32), 1)
+        rank = b_start + above
+        column = (~(x & WORD_MASK).to(tl.uint32)).to(tl.int32)
+        tl.store(out_row_ptr + rank, column, mask=live & (rank < want))
+
+
+@triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
 def topk_select_kernel(
-    logits_ptr, row_stride, cols, lengths_ptr, k, low_skip, low_bits,
+    logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
     cand_ptr, cand_count_ptr, capacity,
-    scratch_ptr, out_ptr, out_row_stride,
+    scratch_ptr, counts_ptr, out_ptr, out_row_stride,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     FROM_CANDIDATES: tl.constexpr,
-    SINGLE_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
-    SORT_BLOCK: tl.constexpr,
+    STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
-    COMPACT: tl.constexpr,
-    COUNT_SEARCH: tl.constexpr,
-    SORTED_CANDIDATES: tl.constexpr,
+    CHUNK: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
     """Program (row): ``out[row, :k]`` = the columns of the row's ``want = min(k,
     eligible)`` largest pairs, in descending order, then -1.
 
-    The source is ``cand[row, :cand_count[row]]`` when ``FROM_CANDIDATES`` and the count
-    lies in ``[want, capacity]``, else the row's eligible columns (``SINGLE_BLOCK``: all
-    of them in one block, kept in registers). ``scratch`` (int64 ``[rows, SORT_BLOCK]``)
-    receives the survivors before the sort; ``SORT_BLOCK`` is a power of two ``>= min(k,
-    cols)``.
-
-    ``COUNT_SEARCH``: a source in registers (``SINGLE_BLOCK``, or candidates that fit
-    ``BLOCK``) is searched by counting; other sources by radix selection streamed from
-    memory. ``SORTED_CANDIDATES``: usable candidates are already sorted (``cand`` holds
-    the pairs with their top bit flipped, sorted descending as signed numbers): their
-    first ``want`` columns are the answer; other rows are selected as without it.
+    The pairs ranked (``_order``, at most ``BLOCK``, a power of two ``>= min(k, cols)``):
+    ``cand[row, :cand_count[row]]`` when ``FROM_CANDIDATES`` and that count lies in
+    ``[want, capacity]`` (``capacity <= BLOCK``); else the row's eligible columns when
+    they fit ``BLOCK``; else the row's top ``want``, found by radix selection streamed
+    from the row ``STREAM_BLOCK`` columns a step. ``scratch`` (int64 ``[rows, BLOCK]``)
+    and ``counts`` (int32 ``[rows, 2 * BLOCK]``) are work space.
 
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
-    radix tie passes start below them. ``low_bits``: the bits of ``~column`` that vary
-    (``cols <= 2**low_bits``): the count search's tie passes.
+    radix tie passes start below them.
     """
-    tl.static_assert(not (SINGLE_BLOCK and FROM_CANDIDATES),
-                     "SINGLE_BLOCK reads the row directly: no candidate buffer")
-    tl.static_assert(not (SORTED_CANDIDATES and not FROM_CANDIDATES),
-                     "SORTED_CANDIDATES needs the candidate buffer")
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
     row_ptr = logits_ptr + row * row_stride
-    cand_row_ptr = cand_ptr + row * capacity
-    scratch_row_ptr = scratch_ptr + row * SORT_BLOCK
-    if FROM_CANDIDATES:
-        cand_count = tl.load(cand_count_ptr + row)
-        use_candidates = (cand_count >= want) & (cand_count <= capacity)
-        source_len = tl.where(use_candidates, cand_count, n)
-    else:
-        use_candidates = n < 0  # False
-        source_len = n
-    slots = tl.arange(0, SORT_BLOCK)
-    result = tl.full([SORT_BLOCK], -1, tl.int32)
-
-    if want > 0:
-        # in_registers: the source is searched by counting in registers; copied: the
-        # sorted candidates are the answer. Otherwise radix selection.
-        in_registers = want < 0  # False
-        copied = want < 0
-        if SORTED_CANDIDATES:
-            copied = use_candidates
-        elif COUNT_SEARCH:
-            if SINGLE_BLOCK:
-                in_registers = want > 0  # True
-            elif FROM_CANDIDATES:
-                in_registers = use_candidates & (cand_count <= BLOCK)
-        if in_registers:
-            key, low, valid = _source_block(0, row_ptr, cand_row_ptr, source_len,
-                                            use_candidates, IS_BF16, FROM_CANDIDATES, BLOCK)
-            threshold_key, threshold_low = _count_threshold(key, low, valid, want, low_bits)
-            take = valid & ((key > threshold_key) | ((key == threshold_key)
-                                                     & (low >= threshold_low)))
-            position = _positions(take, BLOCK)
-            tl.store(scratch_row_ptr + position, _pair(key, low).to(tl.int64, bitcast=True),
-                     mask=take & (position < SORT_BLOCK))
-        if not (COUNT_SEARCH and SINGLE_BLOCK):  # compiled only where it may run
-            if not (in_registers | copied):
-                _radix_survivors(want, row_ptr, cand_row_ptr, source_len, use_candidates,
-                                 scratch_row_ptr, low_skip, IS_BF16, FROM_CANDIDATES,
-                                 SINGLE_BLOCK, BLOCK, SORT_BLOCK, RADIX_BITS, COMPACT)
-        if copied:
-            top = tl.load(cand_row_ptr + slots, mask=slots < want, other=0).to(
-                tl.uint64, bitcast=True)
-        else:
-            # The program's own stores, read back by other threads of the program.
-            tl.debug_barrier()
-            top = tl.load(scratch_row_ptr + slots, mask=slots < want, other=0,
-                          cache_modifier=".cg").to(tl.uint64, bitcast=True)
-            top = tl.sort(top, descending=True)
-        column = (~(top & WORD_MASK).to(tl.uint32)).to(tl.int32)
-        result = tl.where(slots < want, column, result)
-
+    scratch_row_ptr = scratch_ptr + row * BLOCK
+    counts_row_ptr = counts_ptr + row * (2 * BLOCK)
     out_row_ptr = out_ptr + row * out_row_stride
-    tl.store(out_row_ptr + slots, result, mask=slots < k)
-    for start in range(SORT_BLOCK, k, SORT_BLOCK):  # k > cols: the rest is -1
-        tl.store(out_row_ptr + start + slots, tl.full([SORT_BLOCK], -1, tl.int32),
-                 mask=slots < k - start)
+    i = tl.arange(0, BLOCK)
+    if want > 0:
+        use_candidates = want < 0  # False
+        cand_count = n
+        if FROM_CANDIDATES:
+            cand_count = tl.load(cand_count_ptr + row)
+            use_candidates = (cand_count >= want) & (cand_count <= capacity)
+        if use_candidates:
+            valid = i < cand_count
+            pair = tl.load(cand_ptr + row * capacity + i, mask=valid, other=0).to(
+                tl.uint64, bitcast=True)
+        elif n <= BLOCK:
+            valid = i < n
+            pair = _pair(_load_keys(row_ptr, i, valid, IS_BF16), ~i.to(tl.uint32))
+        else:
+            _radix_survivors(want, row_ptr, row_ptr, n, use_candidates, scratch_row_ptr,
+                             low_skip, IS_BF16, False, False, STREAM_BLOCK, BLOCK,
+                             RADIX_BITS, True)
+            tl.debug_barrier()  # the survivors, written by every thread of the program
+            valid = i < want
+            pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
+                tl.uint64, bitcast=True)
+        _order(pair, valid, want, counts_row_ptr, scratch_row_ptr, out_row_ptr, BLOCK, CHUNK,
+               WIDTH)
+    for start in range(0, k, BLOCK):  # ranks want .. k - 1: no column
+        rank = start + i
+        tl.store(out_row_ptr + rank, tl.full([BLOCK], -1, tl.int32),
+                 mask=(rank >= want) & (rank < k))
