@@ -82,16 +82,17 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
                                      direct_max_cols=0)._asdict()
         variants = [("sampled", sampled), ("direct-w8", dict(select_warps=8))]
     else:
+        def filter_(step, steps, warps=base.filter_warps):
+            return dict(step=step, split_steps=steps, filter_warps=warps,
+                        splits=-(-cols // (step * steps)))
+
+        other_steps = 1 if base.split_steps > 1 else 2
         variants = [
-            ("select-w8", dict(select_warps=8)),
-            ("width8", dict(width=8)),
-            ("chunk256", dict(chunk=256)),
-            ("sample2048", dict(sample_block=2048)),
-            ("filter2048-w8", dict(step=2048, filter_warps=8, splits=-(-cols // 2048))),
+            (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
+            ("sample-2-bits", dict(sample_digit_bits=2)),
+            ("chunk512", dict(chunk=512)),
+            ("select-w8-reg128", dict(select_warps=8, max_registers=128)),
         ]
-        if cols <= 8192:
-            variants.append(("direct", topk.topk_settings(
-                rows, cols, k, interpreted=interpreted, direct_max_cols=cols)._asdict()))
     if quick:
         variants = variants[:2]
     for label, change in variants:

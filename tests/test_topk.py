@@ -118,13 +118,13 @@ def check(logits, k, lengths=None, settings=None, buffers=None) -> None:
     assert torch.equal(got.cpu(), want), f"seed {SEED}"
 
 
-def small_split_settings(k, cols, **changes) -> topk.TopKSettings:
+def small_split_settings(k, cols, step=256, split_steps=4, **changes) -> topk.TopKSettings:
     """The long-row path at interpreter sizes: a small sample (so about 3.5 times k
-    candidates) and filter programs of 256 columns."""
+    candidates) and filter programs of ``split_steps`` steps of ``step`` columns."""
     block = max(1 << max(min(k, cols) - 1, 0).bit_length(), 32)
-    base = topk.TopKSettings(splits=3, step=256, filter_warps=4, sample_block=256,
-                             block=max(8 * block, 256), select_warps=4, radix_bits=4,
-                             stream_block=512)
+    base = topk.TopKSettings(splits=-(-cols // (step * split_steps)), step=step, filter_warps=4,
+                             sample_block=256, block=max(8 * block, 256), select_warps=4,
+                             radix_bits=4, stream_block=512, chunk=64, split_steps=split_steps)
     return base._replace(**changes)
 
 
@@ -244,8 +244,8 @@ def test_radix_digit_widths(kind, radix_bits):
 @pytest.mark.parametrize("chunk, width", [(32, 1), (64, 2), (512, 16)])
 @pytest.mark.parametrize("kind", ["normal", "few-distinct", "all-equal", "magnitudes"])
 def test_ranking_steps(kind, chunk, width):
-    """Ranking in steps of few pairs and bucket members: crowded buckets (few values)
-    and sparse ones (magnitudes: a wide range) alike."""
+    """Ranking programs of few or many pairs, comparing few or many bucket members a
+    step: crowded buckets (few values) and sparse ones (magnitudes: a wide range)."""
     g = generator(16)
     logits = make_logits(kind, 3, 600, torch.float32, seed=16)
     settings = topk.topk_settings(3, 600, 200)._replace(chunk=chunk, width=width)
@@ -253,18 +253,41 @@ def test_ranking_steps(kind, chunk, width):
 
 
 # ----------------------------------------------------------------------------- long rows
+@pytest.mark.parametrize("split_steps", [1, 3], ids=["1-step", "3-steps"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "magnitudes", "specials"])
-def test_long_rows_through_candidates(kind, dtype):
+def test_long_rows_through_candidates(kind, dtype, split_steps):
     g = generator(6)
     cols, k = 3000, 100
     logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=6)
     lengths = torch.tensor([cols, 2000, 2999], dtype=torch.int32, device=DEVICE)
     buffers = {}
-    settings = small_split_settings(k, cols)
+    settings = small_split_settings(k, cols, split_steps=split_steps)
     check(logits, k, lengths, settings, buffers)
     assert usable(buffers, settings, torch.tensor([k, k, k])).all()  # no fallback
     check(logits, k, random_lengths(3, cols, g), settings)
+
+
+@pytest.mark.parametrize("digit_bits", [1, 2, 4])
+def test_sample_threshold_is_the_sampled_key(digit_bits):
+    """The sample kernel's threshold: the r-th largest key of the sample (r = expected
+    hits + 4 standard deviations + 8), its top 16 bits, found 1, 2 or 4 bits a pass."""
+    cols, k = 3000, 100
+    settings = small_split_settings(k, cols, sample_digit_bits=digit_bits)
+    logits = make_logits("normal", 2, cols, torch.float32, seed=17)
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    chunks = settings.sample_block // topk.SAMPLE_CHUNK
+    stride = -(-cols // chunks)
+    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
+    columns = [c for c in range(cols) if c % stride < topk.SAMPLE_CHUNK]
+    bits = logits[:, columns].cpu().contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)  # no NaN, no -0.0
+    m = len(columns)
+    expected = -(-k * m // cols)
+    rank = expected + int(math.sqrt(expected) * 4.0) + 8
+    want = keys.sort(dim=1, descending=True).values[:, rank - 1] & 0xFFFF0000
+    assert torch.equal(buffers["threshold"].cpu().long() & 0xFFFFFFFF, want)
 
 
 def test_long_rows_overflowing_the_candidates():
@@ -354,7 +377,7 @@ def test_gpu_settings_are_consistent(rows, cols, k):
     if s.splits == 0:
         assert s.block >= cols
     else:
-        assert s.splits * s.step >= cols
+        assert s.splits * s.step * s.split_steps >= cols
         assert s.block >= 2 * min(k, cols) or min(k, cols) > 4096
         assert s.sample_block & (s.sample_block - 1) == 0
 

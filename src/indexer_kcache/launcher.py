@@ -390,7 +390,7 @@ class Kernel:
         if params is not None:
             self.specialise = {p.name: not p.do_not_specialize for p in params}
         else:  # an interpreted kernel keeps its jit options in ``kwargs``
-            unspecialised = set(getattr(fn, "kwargs", {}).get("do_not_specialize", ()))
+            unspecialised = set(getattr(fn, "kwargs", {}).get("do_not_specialize") or ())
             self.specialise = {name: name not in unspecialised for name in self.names}
 
     def launch(self, device: torch.device, **settings) -> KernelLaunch:

@@ -19,7 +19,7 @@ import torch
 from . import checks
 from .checks import fail_type, fail_unsupported, fail_value
 from .kernels import INTERPRETED
-from .kernels.topk import topk_filter_kernel, topk_sample_kernel, topk_select_kernel
+from .kernels.topk import topk_filter_kernel, topk_rank_kernel, topk_sample_kernel, topk_select_kernel
 from .launcher import Kernel, declare_op, tunable
 from .reference import topk as reference_topk
 from .reference.logits import lengths_from_context
@@ -30,6 +30,7 @@ __all__ = ["TopKPlan", "TopKSettings", "check_topk", "launch_topk", "lengths_fro
 SAMPLE_KERNEL = Kernel(topk_sample_kernel)
 FILTER_KERNEL = Kernel(topk_filter_kernel)
 SELECT_KERNEL = Kernel(topk_select_kernel)
+RANK_KERNEL = Kernel(topk_rank_kernel)
 
 LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 LENGTHS_DTYPES = (torch.int32,)
@@ -41,7 +42,9 @@ MAX_SORTED = 16384
 
 # Settings (see topk_settings).
 DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole
-FILTER_STEP = 1024  # columns per program of the filter kernel (8 a thread: 8 CTAs an SM)
+FILTER_STEP = 1024  # columns per step of the filter kernel (8 a thread)
+FILTER_STEPS = 2  # steps per program of the filter kernel, from FILTER_STEPS_FROM elements
+FILTER_STEPS_FROM = 1 << 22
 FILTER_WARPS = 4
 SAMPLE_HITS = 128  # expected sampled elements among the top k: the threshold's precision
 MIN_SAMPLE, MAX_SAMPLE = 1024, 8192  # sampled columns per long row
@@ -49,23 +52,26 @@ SAMPLE_CHUNK = 32  # consecutive columns per piece of the sample (128 bytes of f
 THRESHOLD_BITS = 16  # top key bits the sample's threshold is given to
 STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a row
 RADIX_BITS = 8
-RANK_CHUNK = 512  # pairs ranked per step
-RANK_WIDTH = 4  # bucket members compared per inner step
+RANK_CHUNK = 256  # pairs ranked per program
+RANK_WIDTH = 4  # bucket members compared per step
 
 
 class TopKSettings(NamedTuple):
     """How the Triton kernels run a shape (``topk_settings``)."""
 
     splits: int  # programs per row of the filter kernel; 0: the select kernel reads rows
-    step: int  # columns per step of the filter kernel
+    step: int  # columns per step of the filter kernel (splits * step * split_steps >= cols)
     filter_warps: int
     sample_block: int  # sampled columns per row
     block: int  # pairs ranked per row (the candidate capacity): a power of two >= min(k, cols)
     select_warps: int
     radix_bits: int  # bits decided per pass of the radix selection (and of the sample)
     stream_block: int = STREAM_BLOCK
-    chunk: int = RANK_CHUNK
-    width: int = RANK_WIDTH
+    chunk: int = RANK_CHUNK  # pairs ranked per program of the rank kernel
+    width: int = RANK_WIDTH  # bucket members compared per step
+    split_steps: int = 1  # steps of the filter kernel per program (the next one prefetched)
+    sample_digit_bits: int = 1  # bits of the sample's threshold decided per pass
+    max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,8 +105,10 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
 
     Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``) wide are read once by
     the select kernel and ranked whole. Longer rows are sampled (enough columns to expect
-    ``SAMPLE_HITS`` of the top k), then filtered by one program per ``FILTER_STEP``
-    columns (small programs, many resident per SM); the select kernel ranks the
+    ``SAMPLE_HITS`` of the top k), then filtered ``FILTER_STEP`` columns a step, one
+    atomic a step: one step a program for fewer than ``FILTER_STEPS_FROM`` elements
+    (many small programs), ``FILTER_STEPS`` from there (each step's load in flight while
+    the step before waits for its atomics); the select and rank kernels order the
     candidates, about 1.4 times ``min(k, cols)`` for rows without long runs of equal
     values, in a block of twice that.
     """
@@ -114,10 +122,12 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     block = 2 * want_block if want_block <= 4096 else want_block
     sample = min(max(_next_power_of_2(SAMPLE_HITS * cols // k), MIN_SAMPLE), MAX_SAMPLE)
     if interpreted:  # the interpreter's cost is per program: few, large ones
-        return TopKSettings(min(cols // 1024, 4), 1024, 4, sample, block, 4, RADIX_BITS)
-    splits = -(-cols // FILTER_STEP)  # one step a program: no serial steps behind atomics
-    return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block, _select_warps(block),
-                        RADIX_BITS)
+        steps = -(-cols // (4 * FILTER_STEP))
+        return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
+                            RADIX_BITS, split_steps=steps)
+    steps = FILTER_STEPS if rows * cols >= FILTER_STEPS_FROM else 1
+    return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, FILTER_WARPS, sample,
+                        block, _select_warps(block), RADIX_BITS, split_steps=steps)
 
 
 def _check_int(name: str, value: object) -> None:
@@ -167,8 +177,16 @@ def check_topk(call) -> TopKPlan:
                     lengths is not None, logits.stride(0), out.stride(0))
 
 
+def _register_cap(device: torch.device, max_registers: int) -> dict:
+    """Triton's register cap: an option of its NVIDIA backend only."""
+    if max_registers and not INTERPRETED and device.type == "cuda" and torch.version.hip is None:
+        return {"maxnreg": max_registers}
+    return {}
+
+
 def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
-    """The kernels' launches for a setting: (sample, filter, filter grid, select)."""
+    """The kernels' launches for a setting: (sample, filter, filter grid, select, (rank,
+    rank grid))."""
     rows, cols, k = plan.rows, plan.cols, plan.k
     common = dict(row_stride=plan.row_stride, cols=cols, IS_BF16=plan.is_bf16,
                   HAS_LENGTHS=plan.has_lengths)
@@ -180,20 +198,22 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
         sample = SAMPLE_KERNEL.launch(
             plan.device, num_warps=min(max(s.sample_block // 512, 4), 16), **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
-            RADIX_BITS=s.radix_bits, PASSES=-(-THRESHOLD_BITS // s.radix_bits))
-        split_cols = -(-cols // s.splits)
-        split_cols = -(-split_cols // s.step) * s.step
+            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits)
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, **common,
-                                       split_cols=split_cols, capacity=s.block, BLOCK=s.step)
-        filter_grid = (rows, -(-cols // split_cols))
+                                       split_cols=s.step * s.split_steps, capacity=s.block,
+                                       BLOCK=s.step)
+        filter_grid = (rows, s.splits)
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     select = SELECT_KERNEL.launch(
-        plan.device, num_warps=s.select_warps, **common, k=k, low_skip=low_skip,
+        plan.device, num_warps=s.select_warps,
+        options=_register_cap(plan.device, s.max_registers), **common, k=k, low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits, CHUNK=s.chunk,
-        WIDTH=s.width)
-    return sample, filter_, filter_grid, select
+        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
+    chunk = min(s.chunk, s.block)
+    rank = RANK_KERNEL.launch(plan.device, num_warps=4, out_row_stride=plan.out_row_stride,
+                              BLOCK=s.block, CHUNK=chunk, WIDTH=s.width)
+    return sample, filter_, filter_grid, select, (rank, (rows, s.block // chunk))
 
 
 def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
@@ -209,11 +229,12 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
         return
     s = topk_settings(rows, cols, plan.k)
     launches = plan.launches.get(s) or plan.launches.setdefault(s, _launches(plan, s))
-    sample, filter_, filter_grid, select = launches
+    sample, filter_, filter_grid, select, (rank, rank_grid) = launches
     device = plan.device
     lengths = call.lengths if call.lengths is not None else out  # not read without lengths
     scratch = torch.empty((rows, s.block), dtype=torch.int64, device=device)
     counts = torch.empty((rows, 2 * s.block), dtype=torch.int32, device=device)
+    meta = torch.empty((rows, 4), dtype=torch.int64, device=device)
     if s.splits:
         threshold = torch.empty((rows,), dtype=torch.int32, device=device)
         cand_count = torch.empty((rows,), dtype=torch.int32, device=device)
@@ -227,7 +248,9 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
     else:
         cand, cand_count = scratch, out  # not read: FROM_CANDIDATES is False
     select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
-           cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts, out_ptr=out)
+           cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta,
+           out_ptr=out)
+    rank(rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta, out_ptr=out)
 
 
 def run_topk(plan: TopKPlan, call) -> None:

@@ -10,15 +10,16 @@ compared as one unsigned 64-bit number (high word first):
 Pairs are distinct, so a row's top k are its k largest pairs, and the position of a pair
 in the result is the number of the row's pairs above it: its rank.
 
-``topk_select_kernel`` (a program per row) ranks a source of at most ``BLOCK`` pairs held
-in registers (``_order``): it cuts the range between the largest and the smallest pair
-into ``BLOCK`` buckets of equal width, counts the pairs per bucket with atomic adds (which
-also give each pair a slot in its bucket), places the pairs bucket by bucket into a
-scratch row, and ranks each pair as its bucket's start plus the number of the bucket's
+``topk_select_kernel`` (a program per row) takes a source of at most ``BLOCK`` pairs into
+registers and places them (``_place``): it cuts the range between the largest and the
+smallest pair into ``BLOCK`` buckets of equal width, counts the pairs per bucket with
+atomic adds (which also give each pair a slot in its bucket) and writes the pairs bucket
+by bucket to a scratch row. ``topk_rank_kernel`` (programs per row and chunk of the
+scratch row) then ranks each pair as its bucket's start plus the number of the bucket's
 pairs above it. Buckets hold a pair or two on average, so ranking costs a few compares
 per pair, where a sorting network costs a few hundred (``tl.sort``'s cost: BENCHMARKS.md,
-"The top-k"). Only the pairs of buckets that start within the first
-``k`` ranks are ranked.
+"The top-k"). Only the pairs of buckets that start within the first ``k`` ranks are
+ranked.
 
 The source is the row itself when it fits; a longer row's candidates otherwise:
 ``topk_sample_kernel`` picks a key threshold from a fixed sample of the row (a little
@@ -26,8 +27,8 @@ below the sample's share of the k) and ``topk_filter_kernel`` appends every pair
 reaches it to the row's candidate buffer. The threshold only decides the amount of work,
 never the result: when the candidates are fewer than the k, or overflow the buffer, the
 select kernel finds the row's k largest pairs by radix selection streamed from memory
-(``RADIX_BITS`` bits a pass, key bits first, then column bits while ties remain) and ranks
-those.
+(``RADIX_BITS`` bits a pass, key bits first, then column bits while ties remain) and
+places those.
 
 Every kernel reads only eligible columns (``column < min(lengths[row], cols)``) and writes
 only inside its buffers, whatever the lengths say.
@@ -237,8 +238,8 @@ def topk_sample_kernel(
     HAS_LENGTHS: tl.constexpr,
     CHUNK: tl.constexpr,
     SAMPLE_BLOCK: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
-    PASSES: tl.constexpr,
+    BITS: tl.constexpr,
+    DIGIT_BITS: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
     holding the uint32 key), and ``cand_count[row] = 0``.
@@ -247,10 +248,12 @@ def topk_sample_kernel(
     ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
     ``e = want * m / n`` are expected among the row's top ``want = min(k, n)``; the
     threshold is the key of the sample's ``r``-th largest element, ``r = e +
-    MARGIN_SIGMAS * sqrt(e) + MARGIN_EXTRA``, rounded down to its top ``PASSES *
-    RADIX_BITS`` bits, so that the row's elements at or above it are usually a little
-    more than ``want``. 0 (every element) when the sample is too small for ``r``.
+    MARGIN_SIGMAS * sqrt(e) + MARGIN_EXTRA``, rounded down to its top ``BITS`` bits (found
+    ``DIGIT_BITS`` a pass, each pass a compare with every value of the digit and one sum),
+    so that the row's elements at or above it are usually a little more than ``want``. 0
+    (every element) when the sample is too small for ``r``.
     """
+    tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
@@ -265,21 +268,34 @@ def topk_sample_kernel(
     rank = expected + spread.to(tl.int32) + MARGIN_EXTRA
     threshold = tl.zeros([], tl.uint32)
     if (want > 0) & (rank <= m):
-        need = rank
-        partial = tl.zeros([], tl.uint32)
-        searching = rank > 0
-        for d in range(0, PASSES):
-            if searching:
-                shift = tl.cast(32 - RADIX_BITS * (d + 1), tl.uint32)
-                counts = _digit_counts(key, key, valid, partial, partial, shift, False,
-                                       RADIX_BITS)
-                digit, above, inside = _choose_digit(counts, need)
-                need -= above
-                partial = (partial << RADIX_BITS) | digit.to(tl.uint32)
-                threshold = partial << shift
-                searching = inside != need
+        if DIGIT_BITS == 1:  # a bit a pass: one trial value, one sum
+            one = tl.full([], 1, tl.uint32)
+            for bit in range(0, BITS):
+                trial = threshold | (one << tl.cast(31 - bit, tl.uint32))
+                count = tl.sum((valid & (key >= trial)).to(tl.int32), 0)
+                threshold = tl.where(count >= rank, trial, threshold)
+        else:  # the counts at every value of the next digit in one sum
+            digits = tl.arange(0, 1 << DIGIT_BITS).to(tl.uint32)
+            for d in range(0, BITS // DIGIT_BITS):
+                shift = tl.cast(32 - DIGIT_BITS * (d + 1), tl.uint32)
+                trial = threshold | (digits << shift)
+                count = tl.sum((valid[:, None] & (key[:, None] >= trial[None, :])).to(tl.int32),
+                               0)
+                threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
     tl.store(cand_count_ptr + row, 0)
+
+
+@triton.jit
+def _filter_block(row_ptr, block, end, offsets, IS_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    """The raw logits of columns ``block .. block + BLOCK`` (a vector load when the block
+    is wholly below ``end``), and which of them are below ``end``."""
+    live = offsets < (end - block).to(tl.int32)
+    if block + BLOCK <= end:
+        raw = tl.load(row_ptr + block + offsets)
+    else:
+        raw = tl.load(row_ptr + block + offsets, mask=live, other=0)
+    return raw, live
 
 
 @triton.jit(do_not_specialize=["cols", "capacity"])
@@ -297,8 +313,8 @@ def topk_filter_kernel(
     ``capacity``: only what fits is written). The order of the candidates varies from run
     to run; the result does not.
 
-    Blocks wholly inside the eligible columns load without a mask, so that the loads are
-    vectors (``split_cols`` is a multiple of ``BLOCK``)."""
+    Each step's block is loaded a step ahead, so that the load is in flight while the step
+    before waits for its atomic (``split_cols`` is a multiple of ``BLOCK``)."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -308,12 +324,11 @@ def topk_filter_kernel(
     start = split.to(tl.int64) * split_cols
     end = tl.minimum(start + split_cols, n)
     offsets = tl.arange(0, BLOCK)
+    next_raw, next_live = _filter_block(row_ptr, start, end, offsets, IS_BF16, BLOCK)
     for block in range(start, end, BLOCK):
-        live = offsets < (end - block).to(tl.int32)
-        if block + BLOCK <= end:
-            key = _keys_of_raw(tl.load(row_ptr + block + offsets), IS_BF16)
-        else:
-            key = _load_keys(row_ptr + block, offsets, live, IS_BF16)
+        raw, live = next_raw, next_live
+        next_raw, next_live = _filter_block(row_ptr, block + BLOCK, end, offsets, IS_BF16, BLOCK)
+        key = _keys_of_raw(raw, IS_BF16)
         take = live & (key >= threshold)
         taken = tl.sum(take.to(tl.int32), 0)
         if taken > 0:
@@ -412,24 +427,33 @@ def _radix_survivors(want, row_ptr, cand_row_ptr, source_len, use_candidates, sc
 
 
 @triton.jit
-def _order(pair, valid, want, counts_row_ptr, sorted_row_ptr, out_row_ptr,
-           BLOCK: tl.constexpr, CHUNK: tl.constexpr, WIDTH: tl.constexpr):
-    """Writes ``out_row[r]`` = the column of the pair of rank ``r`` (0 = the largest) among
-    the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``), for every ``r < want``.
+def _shift_for(span, BLOCK: tl.constexpr):
+    """The smallest ``shift`` with ``span >> shift < BLOCK`` (uint64), by halving steps."""
+    shift = tl.zeros([], tl.uint64)
+    for step in tl.static_range(5, -1, -1):  # 32, 16, ..., 1: at most 63 in all
+        wider = (span >> (shift + (1 << step))) >= BLOCK
+        shift += tl.where(wider, 1 << step, 0).to(tl.uint64)
+    return shift + ((span >> shift) >= BLOCK).to(tl.uint64)
 
-    ``counts_row`` (int32 ``[2 * BLOCK]``) and ``sorted_row`` (int64 ``[BLOCK]``) are the
-    program's scratch. Pair ``x`` goes to bucket ``(top - x) >> shift``, ``top`` the
-    largest pair and ``shift`` the smallest that maps the whole range below ``BLOCK``:
-    larger pairs, lower buckets. The pairs of the buckets that start below ``want`` are
-    then ranked ``CHUNK`` at a time, each against its bucket's members, ``WIDTH`` at a
-    time."""
+
+@triton.jit
+def _bucket_of(pair, top, shift):
+    """Pair ``x``'s bucket, ``(top - x) >> shift``: larger pairs, lower buckets."""
+    return ((top - pair) >> shift).to(tl.int32)
+
+
+@triton.jit
+def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
+           BLOCK: tl.constexpr):
+    """Writes the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``) to ``sorted_row`` (int64
+    ``[BLOCK]``) bucket by bucket, the buckets' counts and starts to ``counts_row`` (int32
+    ``[2 * BLOCK]``), and to ``meta_row`` (int64 ``[4]``) the largest pair, the shift that
+    maps the pairs' range to ``BLOCK`` buckets, the number of pairs in the buckets that
+    start below ``want`` (where every rank below ``want`` lies), and ``want``."""
     top = tl.max(tl.where(valid, pair, 0), 0)
     bottom = ~tl.max(tl.where(valid, ~pair, 0), 0)
-    span = top - bottom
-    shift = tl.zeros([], tl.uint64)
-    for _ in range(0, 64):  # one bit a step: the bucket index of the span fits BLOCK
-        shift += ((span >> shift) >= BLOCK).to(tl.uint64)
-    bucket = tl.where(valid, ((top - pair) >> shift).to(tl.int32), 0)
+    shift = _shift_for(top - bottom, BLOCK)
+    bucket = tl.where(valid, _bucket_of(pair, top, shift), 0)
     bins = tl.arange(0, BLOCK)
     starts_row_ptr = counts_row_ptr + BLOCK
     tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
@@ -441,56 +465,40 @@ def _order(pair, valid, want, counts_row_ptr, sorted_row_ptr, out_row_ptr,
     count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
     start = tl.cumsum(count, 0) - count
     tl.store(starts_row_ptr + bins, start)
-    # The pairs of the buckets that start below want: every rank below want is theirs.
+    tl.debug_barrier()
+    first = tl.load(starts_row_ptr + bucket, mask=valid, other=0, cache_modifier=".cg")
+    tl.store(sorted_row_ptr + first + slot, pair.to(tl.int64, bitcast=True), mask=valid)
     end = tl.sum(tl.where(start < want, count, 0), 0)
-    tl.debug_barrier()
-    position = tl.load(starts_row_ptr + bucket, mask=valid, other=0, cache_modifier=".cg") + slot
-    tl.store(sorted_row_ptr + position, pair.to(tl.int64, bitcast=True), mask=valid)
-    tl.debug_barrier()
-    lanes = tl.arange(0, WIDTH)
-    for first in range(0, end, CHUNK):
-        p = first + tl.arange(0, CHUNK)
-        live = p < end
-        x = tl.load(sorted_row_ptr + p, mask=live, other=0, cache_modifier=".cg").to(
-            tl.uint64, bitcast=True)
-        b = tl.where(live, ((top - x) >> shift).to(tl.int32), 0)
-        b_start = tl.load(starts_row_ptr + b, mask=live, other=0, cache_modifier=".cg")
-        b_count = tl.load(counts_row_ptr + b, mask=live, other=0, cache_modifier=".cg")
-        above = tl.zeros([CHUNK], tl.int32)
-        for member in range(0, tl.max(b_count, 0), WIDTH):
-            j = member + lanes
-            inside = j[None, :] < b_count[:, None]
-            y = tl.load(sorted_row_ptr + b_start[:, None] + j[None, :], mask=inside, other=0,
-                        cache_modifier=".cg").to(tl.uint64, bitcast=True)
-            above += tl.sum((inside & (y > x[:, None])).to(tl.int32), 1)
-        rank = b_start + above
-        column = (~(x & WORD_MASK).to(tl.uint32)).to(tl.int32)
-        tl.store(out_row_ptr + rank, column, mask=live & (rank < want))
+    field = tl.arange(0, 4)
+    meta = tl.where(field == 0, top.to(tl.int64, bitcast=True),
+                    tl.where(field == 1, shift.to(tl.int64),
+                             tl.where(field == 2, end.to(tl.int64), want.to(tl.int64))))
+    tl.store(meta_row_ptr + field, meta)
 
 
 @triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
 def topk_select_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
     cand_ptr, cand_count_ptr, capacity,
-    scratch_ptr, counts_ptr, out_ptr, out_row_stride,
+    scratch_ptr, counts_ptr, meta_ptr, out_ptr, out_row_stride,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     FROM_CANDIDATES: tl.constexpr,
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    WIDTH: tl.constexpr,
 ):
-    """Program (row): ``out[row, :k]`` = the columns of the row's ``want = min(k,
-    eligible)`` largest pairs, in descending order, then -1.
+    """Program (row): the pairs that ``topk_rank_kernel`` ranks, placed bucket by bucket
+    (``_place``), for the row's ``want = min(k, eligible)`` first ranks; ``out[row, want:k]
+    = -1``.
 
-    The pairs ranked (``_order``, at most ``BLOCK``, a power of two ``>= min(k, cols)``):
+    The pairs (at most ``BLOCK``, a power of two ``>= min(k, cols)``):
     ``cand[row, :cand_count[row]]`` when ``FROM_CANDIDATES`` and that count lies in
     ``[want, capacity]`` (``capacity <= BLOCK``); else the row's eligible columns when
     they fit ``BLOCK``; else the row's top ``want``, found by radix selection streamed
-    from the row ``STREAM_BLOCK`` columns a step. ``scratch`` (int64 ``[rows, BLOCK]``)
-    and ``counts`` (int32 ``[rows, 2 * BLOCK]``) are work space.
+    from the row ``STREAM_BLOCK`` columns a step. ``scratch`` (int64 ``[rows, BLOCK]``:
+    the radix selection's survivors, then the placed pairs), ``counts`` (int32 ``[rows, 2 *
+    BLOCK]``) and ``meta`` (int64 ``[rows, 4]``) are for the rank kernel.
 
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
@@ -502,33 +510,72 @@ def topk_select_kernel(
     want = tl.minimum(n, k)
     row_ptr = logits_ptr + row * row_stride
     scratch_row_ptr = scratch_ptr + row * BLOCK
-    counts_row_ptr = counts_ptr + row * (2 * BLOCK)
-    out_row_ptr = out_ptr + row * out_row_stride
     i = tl.arange(0, BLOCK)
-    if want > 0:
-        use_candidates = want < 0  # False
-        cand_count = n
-        if FROM_CANDIDATES:
-            cand_count = tl.load(cand_count_ptr + row)
-            use_candidates = (cand_count >= want) & (cand_count <= capacity)
-        if use_candidates:
-            valid = i < cand_count
-            pair = tl.load(cand_ptr + row * capacity + i, mask=valid, other=0).to(
-                tl.uint64, bitcast=True)
-        elif n <= BLOCK:
-            valid = i < n
-            pair = _pair(_load_keys(row_ptr, i, valid, IS_BF16), ~i.to(tl.uint32))
-        else:
-            _radix_survivors(want, row_ptr, row_ptr, n, use_candidates, scratch_row_ptr,
-                             low_skip, IS_BF16, False, False, STREAM_BLOCK, BLOCK,
-                             RADIX_BITS, True)
-            tl.debug_barrier()  # the survivors, written by every thread of the program
-            valid = i < want
-            pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
-                tl.uint64, bitcast=True)
-        _order(pair, valid, want, counts_row_ptr, scratch_row_ptr, out_row_ptr, BLOCK, CHUNK,
-               WIDTH)
+    use_candidates = want < 0  # False
+    cand_count = n
+    if FROM_CANDIDATES:
+        cand_count = tl.load(cand_count_ptr + row)
+        use_candidates = (cand_count >= want) & (cand_count <= capacity)
+    if use_candidates:
+        valid = i < cand_count
+        pair = tl.load(cand_ptr + row * capacity + i, mask=valid, other=0).to(
+            tl.uint64, bitcast=True)
+    elif n <= BLOCK:
+        valid = i < n
+        pair = _pair(_load_keys(row_ptr, i, valid, IS_BF16), ~i.to(tl.uint32))
+    else:
+        _radix_survivors(want, row_ptr, row_ptr, n, use_candidates, scratch_row_ptr,
+                         low_skip, IS_BF16, False, False, STREAM_BLOCK, BLOCK,
+                         RADIX_BITS, True)
+        tl.debug_barrier()  # the survivors, written by every thread of the program
+        valid = i < want
+        pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
+            tl.uint64, bitcast=True)
+    # The survivors are in registers: every thread is past them before _place writes.
+    _place(pair, valid, want, counts_ptr + row * (2 * BLOCK), scratch_row_ptr,
+           meta_ptr + row * 4, BLOCK)
+    out_row_ptr = out_ptr + row * out_row_stride
     for start in range(0, k, BLOCK):  # ranks want .. k - 1: no column
         rank = start + i
         tl.store(out_row_ptr + rank, tl.full([BLOCK], -1, tl.int32),
                  mask=(rank >= want) & (rank < k))
+
+
+@triton.jit
+def topk_rank_kernel(
+    scratch_ptr, counts_ptr, meta_ptr, out_ptr, out_row_stride,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    WIDTH: tl.constexpr,
+):
+    """Program (row, chunk): ranks the pairs ``scratch[row, chunk * CHUNK ..]`` placed by
+    the select kernel, those below its ``end`` (``meta[row, 2]``), each as its bucket's
+    start plus the number of its bucket's pairs above it (``WIDTH`` compared a step), and
+    writes ``out[row, rank] = column`` for the ranks below ``want`` (``meta[row, 3]``)."""
+    row = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * CHUNK
+    meta_row_ptr = meta_ptr + row * 4
+    end = tl.load(meta_row_ptr + 2).to(tl.int32)
+    if first < end:
+        top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
+        shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
+        want = tl.load(meta_row_ptr + 3).to(tl.int32)
+        sorted_row_ptr = scratch_ptr + row * BLOCK
+        counts_row_ptr = counts_ptr + row * (2 * BLOCK)
+        p = first + tl.arange(0, CHUNK)
+        live = p < end
+        x = tl.load(sorted_row_ptr + p, mask=live, other=0).to(tl.uint64, bitcast=True)
+        b = tl.where(live, _bucket_of(x, top, shift), 0)
+        b_start = tl.load(counts_row_ptr + BLOCK + b, mask=live, other=0)
+        b_count = tl.load(counts_row_ptr + b, mask=live, other=0)
+        above = tl.zeros([CHUNK], tl.int32)
+        lanes = tl.arange(0, WIDTH)
+        for member in range(0, tl.max(b_count, 0), WIDTH):
+            j = member + lanes
+            inside = j[None, :] < b_count[:, None]
+            y = tl.load(sorted_row_ptr + b_start[:, None] + j[None, :], mask=inside,
+                        other=0).to(tl.uint64, bitcast=True)
+            above += tl.sum((inside & (y > x[:, None])).to(tl.int32), 1)
+        rank = b_start + above
+        column = (~(x & WORD_MASK).to(tl.uint32)).to(tl.int32)
+        tl.store(out_ptr + row * out_row_stride + rank, column, mask=live & (rank < want))
