@@ -108,6 +108,40 @@ def test_a_tensor_subclass_goes_through_the_op():
     assert torch.equal(pages(got), pages(want))
 
 
+def test_the_last_call_is_reused_only_for_the_same_options_and_tensors():
+    """A plain eager call reuses the last call's plan when every option is the very same
+    object and the guard passes; an equal option of another type (1 for True, 2.0 for 2),
+    another dtype or another stride of a tensor still meets the full checks."""
+    case = make_case(9, block_size=16, num_blocks=2)
+    store = ik.indexer_k_norm_rope_store
+    want = case.new_cache()
+    store(*case.args(want))
+    last = store.op.plans.last[0]
+    assert last is not None and fast_path.enabled()
+    got = case.new_cache()
+    store(*case.args(got))  # through the last call's plan
+    assert store.op.plans.last[0][0] is last[0]
+    assert torch.equal(pages(got), pages(want))
+    args = list(case.args(case.new_cache()))
+    for index, value, name in ((8, int(case.use_fp4_cache), "use_fp4_cache"),
+                               (7, float(case.compress_ratio), "compress_ratio")):
+        wrong = list(args)
+        wrong[index] = value
+        with pytest.raises(TypeError, match=name):
+            store(*wrong)
+    wrong = list(args)
+    wrong[0] = case.k_pre.to(torch.float64)
+    with pytest.raises(TypeError, match="k_pre"):
+        store(*wrong)
+    wrong = list(args)
+    wrong[6] = case.slots.repeat_interleave(2)[::2]  # the same values, another stride
+    with pytest.raises(ValueError, match=r"kv_slot_mapping\.stride\(0\)"):
+        store(*wrong)
+    cache = case.new_cache()
+    store(*case.args(cache))  # and back to the last plan's calls
+    assert torch.equal(pages(cache), pages(want))
+
+
 def test_a_tunable_setting_is_overridden_only_inside_the_block():
     fixed = ik.store.StoreSettings(4, 1, False, 0)
     before = ik.store.store_settings(100, 1, False, False)
@@ -126,10 +160,16 @@ def test_generated_packers_key_what_triton_specialises_on():
     fixed = {n: 1 for n in kernel.names if n not in ("k_pre_ptr", "slot_ptr", "num_tokens")}
     t = torch.zeros(64, dtype=torch.uint8)
     pack = launcher.packer(kernel, fixed, dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
-    key, args = pack(dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
+    per_call = [n for n in kernel.names if n not in fixed]  # pack's parameters, in order
+    assert sorted(per_call) == ["k_pre_ptr", "num_tokens", "slot_ptr"]
+
+    def keyed(**values):
+        return pack(*(values[n] for n in per_call))
+
+    key, args = keyed(k_pre_ptr=t, slot_ptr=t, num_tokens=3)
     assert key is True and len(args) == len(kernel.names)
     assert args[kernel.names.index("k_pre_ptr")] == t.data_ptr()
-    key, _ = pack(dict(k_pre_ptr=t[1:], slot_ptr=t, num_tokens=3))
+    key, _ = keyed(k_pre_ptr=t[1:], slot_ptr=t, num_tokens=3)
     assert key == (False, True, True)
-    key, _ = pack(dict(k_pre_ptr=t, slot_ptr=t, num_tokens=2**33))
+    key, _ = keyed(k_pre_ptr=t, slot_ptr=t, num_tokens=2**33)
     assert key == (True, True, False)

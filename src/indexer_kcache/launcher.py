@@ -26,7 +26,10 @@ A call then flows:
    an argument's type, ``check`` runs to name the argument;
 2. the implementation looks up the plan kept for the call's options (the non-tensor
    arguments and their types) and its tensors' metadata (type, dtype, device, strides,
-   sizes except the ``token_dims``), or runs ``check`` and keeps the plan;
+   sizes except the ``token_dims``), or runs ``check`` and keeps the plan. A plain eager
+   call first tries the last such call's plan: taken when every option is the very
+   object the last call passed and the plan's guard passes the tensors (ops without
+   optional tensors);
 3. ``run(plan, call)`` launches: a ``Kernel``'s ``KernelLaunch`` (one per plan and launch
    setting) holds the arguments the plan fixes; the first launch of each specialisation
    goes through Triton (which compiles), later ones call the compiled kernel directly.
@@ -63,6 +66,9 @@ class PlanCache:
         self.token_dims = token_dims
         self.max_per_options = max_per_options
         self.plans: dict[tuple, list] = {}
+        # The last plain eager call's (plan, guard check, option values...), or None: the
+        # entry of an op without optional tensors tries it first (see _entry).
+        self.last: list = [None]
         fast_path.on_switch(self.clear)
 
     def find(self, options: tuple, tensors: tuple):
@@ -76,14 +82,15 @@ class PlanCache:
                 return plan
         return None
 
-    def keep(self, options: tuple, tensors: tuple, plan) -> None:
-        """Keep ``plan`` (of a call that passed every check) for these options and tensors."""
+    def keep(self, options: tuple, tensors: tuple, plan):
+        """Keep ``plan`` (of a call that passed every check) for these options and tensors;
+        return its guard (None where the call's metadata is not kept)."""
         sizes = [list(t.shape) for t in tensors]
         for t, dims, t_sizes in zip(tensors, self.token_dims, sizes, strict=True):
             if dims and t.dim() == 1 and t.stride() != (1,):
                 # A vector of zero or one element may have any stride; a guard fixing it
                 # would let a longer vector with that stride skip the checks.
-                return
+                return None
             for d in dims:
                 t_sizes[d] = None
         guard = fast_path.guard_class()(*tensors, dynamic_dims_sizes=sizes,
@@ -91,17 +98,19 @@ class PlanCache:
         if not guard.check(*tensors):
             # Would never be found (the native guard compares dispatch keys under the
             # thread's current modes): leave such calls to the full checks.
-            return
+            return None
         try:
             candidates = self.plans.setdefault(options, [])
         except TypeError:
-            return
+            return None
         if len(candidates) >= self.max_per_options:
             del candidates[0]  # the oldest
         candidates.append((guard, plan))
+        return guard
 
     def clear(self) -> None:
         self.plans.clear()
+        self.last[0] = None
 
     def __len__(self) -> int:
         return sum(len(candidates) for candidates in self.plans.values())
@@ -184,10 +193,10 @@ class Op:
             tensors += tuple(t for t in given if t is not None)
             token_dims = self._plan_token_dims(given)
         plans = self.plans
-        plan = None
+        plan = found = None
         try:
-            for guard, kept in plans.plans.get(options, ()):  # PlanCache.find, inlined
-                if guard.check(*tensors):
+            for found, kept in plans.plans.get(options, ()):  # PlanCache.find, inlined
+                if found.check(*tensors):
                     plan = kept
                     break
         except TypeError:  # an unhashable option: never kept
@@ -198,7 +207,9 @@ class Op:
             plan = self.check(call)
             if token_dims is not None:
                 plans.token_dims = token_dims
-            plans.keep(options, tensors, plan)
+            found = plans.keep(options, tensors, plan)
+        if eager and found is not None and self._optional is None:
+            plans.last[0] = (plan, found.check, *options[:len(self.option_positions)])
         return self.run(plan, call)
 
     def _plan_token_dims(self, given) -> list:
@@ -235,22 +246,28 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     implementation; anything else through the op."""
     namespace = {"_op": op.torch_op, "_compiling": torch.compiler.is_compiling,
                  "_plain_eager": fast_path.plain_eager, "_implementation": op.implementation,
-                 "_through_op": op.through_op}
+                 "_through_op": op.through_op, "_last": op.plans.last, "_run": op.run}
     params = list(signature.parameters.values())
     op_args = ", ".join(p.name if p.kind is not p.KEYWORD_ONLY else f"{p.name}={p.name}"
                         for p in params)
     tensors = ", ".join(p.name for i, p in enumerate(params) if i in op.tensor_positions)
-    options = [p.name for i, p in enumerate(params) if i in op.option_positions]
-    options = ", ".join(options + [f"type({name})" for name in options])
+    option_names = [p.name for i, p in enumerate(params) if i in op.option_positions]
+    options = ", ".join(option_names + [f"type({name})" for name in option_names])
     call = _named_tuple(signature, op.Call, namespace)
-    source = "\n".join([
-        f"def {op.name}({_parameters(signature, namespace)}):",
-        "    if _compiling():",
-        f"        return _op({op_args})",
-        "    if _plain_eager():",
-        f"        return _implementation({call}, ({tensors},), ({options},))",
-        f"    return _through_op({call})",
-    ]) + "\n"
+    lines = [f"def {op.name}({_parameters(signature, namespace)}):",
+             "    if _compiling():",
+             f"        return _op({op_args})",
+             "    if _plain_eager():"]
+    if op._optional is None:
+        # The last eager call's plan, if every option is the very object it was (``is``:
+        # no 1 for True, no 1.0 for 1) and its guard passes the tensors.
+        same = " and ".join(f"{name} is _l[{i + 2}]" for i, name in enumerate(option_names))
+        lines += ["        _l = _last[0]",
+                  f"        if _l is not None and {same or 'True'} and _l[1]({tensors}):",
+                  f"            return _run(_l[0], {call})"]
+    lines += [f"        return _implementation({call}, ({tensors},), ({options},))",
+              f"    return _through_op({call})"]
+    source = "\n".join(lines) + "\n"
     exec(source, namespace)  # noqa: S102 (generated from the declared signature)
     return namespace[op.name]
 
@@ -293,7 +310,11 @@ def declare_op(*, check: Callable, run: Callable, fake: Callable | None = None,
 class KernelLaunch:
     """One kernel as one plan and one launch setting launch it: the arguments they fix (by
     name: compile-time constants, strides, sizes), warps, stages and compile options, and
-    the compiled kernel of each specialisation of the per-call arguments."""
+    the compiled kernel of each specialisation of the per-call arguments.
+
+    Launched through ``launch`` (what ``Kernel.launch`` returns): a function of the grid
+    and the per-call arguments by keyword, generated with those names as its keyword-only
+    parameters, so that a call passes them without building a dict."""
 
     def __init__(self, kernel: Kernel, device: torch.device, *, num_warps: int,
                  num_stages: int | None = None, options: dict | None = None, **fixed) -> None:
@@ -306,21 +327,24 @@ class KernelLaunch:
         if unknown:
             raise TypeError(f"{kernel.fn.__name__}: no parameters {sorted(unknown)}")
         self.fixed = fixed
+        self.per_call = [name for name in kernel.names if name not in fixed]
         self.compiles = not INTERPRETED and self.device_index is not None
         self.compiled: dict[tuple, object] = {}
         self._pack = None  # made at the first launch, when the per-call arguments are known
+        self.launch = _keyword_launch(self)
 
-    def __call__(self, grid: tuple[int, ...], **per_call) -> None:
-        """Launch on ``grid`` with the per-call arguments (tensors and sizes) by name."""
+    def launch_values(self, grid: tuple[int, ...], *values) -> None:
+        """Launch on ``grid`` with the per-call arguments in ``self.per_call`` order."""
         if not (self.compiles and fast_path._enabled):
-            self._launch(grid, per_call)
+            self._launch(grid, dict(zip(self.per_call, values, strict=True)))
             return
         if self._pack is None:
-            self._pack = packer(self.kernel, self.fixed, per_call)
-        key, args = self._pack(per_call)
+            self._pack = packer(self.kernel, self.fixed,
+                                dict(zip(self.per_call, values, strict=True)))
+        key, args = self._pack(*values)
         compiled = self.compiled.get(key)
         if compiled is None:
-            self.compiled[key] = self._launch(grid, per_call)
+            self.compiled[key] = self._launch(grid, dict(zip(self.per_call, values, strict=True)))
             return
         if len(grid) != 3:
             grid = (grid + (1, 1))[:3]
@@ -334,8 +358,25 @@ class KernelLaunch:
             return self.kernel.fn[grid](**self.fixed, **per_call, **self.launch_options)
 
 
+Launch = Callable[..., None]  # launch(grid, **per_call arguments): see KernelLaunch
+
+
+def _keyword_launch(state: KernelLaunch) -> Launch:
+    """``launch(grid, *, <per-call names>)`` calling ``state.launch_values``; the function
+    carries ``state`` as ``launch.state``."""
+    names = state.per_call
+    namespace = {"_values": state.launch_values}
+    source = (f"def launch(grid, *, {', '.join(names)}):\n"
+              f"    _values(grid, {', '.join(names)})\n")
+    exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
+    launch = namespace["launch"]
+    launch.state = state
+    return launch
+
+
 def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
-    """``pack(per_call) -> (key, args)``: ``args`` all the kernel's arguments in order,
+    """``pack(*per_call) -> (key, args)`` (the per-call arguments in the kernel's order,
+    ``example`` by name): ``args`` all the kernel's arguments in order,
     tensors as their addresses; ``key`` what Triton's specialisation sees of the per-call
     ones (a pointer's 16-byte alignment; an int's width and, unless the kernel says
     ``do_not_specialize``, whether it is 1 or a multiple of 16), or just ``True`` in the
@@ -345,6 +386,7 @@ def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
     if missing:
         raise TypeError(f"{kernel.fn.__name__}: missing arguments {sorted(missing)}")
     lines, key, args, pointers, common, namespace = [], [], [], [], [], {}
+    per_call = [name for name in kernel.names if name not in fixed]
     for name in kernel.names:
         if name in fixed:
             value = fixed[name]  # a fixed tensor (never read) stays alive in ``fixed``
@@ -353,11 +395,10 @@ def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
             continue
         value = example[name]
         if isinstance(value, torch.Tensor):
-            lines.append(f"    {name} = per_call[{name!r}].data_ptr()")
+            lines.append(f"    {name} = {name}.data_ptr()")
             key.append(f"{name} & 15 == 0")
             pointers.append(name)
         else:
-            lines.append(f"    {name} = per_call[{name!r}]")
             if isinstance(value, int) and not isinstance(value, bool):
                 width = f"-0x80000000 <= {name} <= 0x7FFFFFFF"
                 key.append(width)
@@ -374,7 +415,7 @@ def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
     lines.append(f"    if {' and '.join(common) or 'True'}:")
     lines.append("        return True, args")
     lines.append(f"    return ({', '.join(key)},), args")
-    source = "def pack(per_call):\n" + "\n".join(lines) + "\n"
+    source = f"def pack({', '.join(per_call)}):\n" + "\n".join(lines) + "\n"
     exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
     return namespace["pack"]
 
@@ -393,9 +434,9 @@ class Kernel:
             unspecialised = set(getattr(fn, "kwargs", {}).get("do_not_specialize") or ())
             self.specialise = {name: name not in unspecialised for name in self.names}
 
-    def launch(self, device: torch.device, **settings) -> KernelLaunch:
-        """A ``KernelLaunch`` of this kernel (see its constructor)."""
-        return KernelLaunch(self, device, **settings)
+    def launch(self, device: torch.device, **settings) -> Launch:
+        """The launch function of this kernel as ``settings`` fix it (see ``KernelLaunch``)."""
+        return KernelLaunch(self, device, **settings).launch
 
 
 def tunable(choose: Callable) -> Callable:

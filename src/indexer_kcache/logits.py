@@ -32,7 +32,7 @@ from .kernels.logits import (
     VARIANT_STACKED,
     paged_mqa_logits_kernel,
 )
-from .launcher import Kernel, KernelLaunch, declare_op, tunable
+from .launcher import Kernel, Launch, declare_op, tunable
 from .reference import logits as reference_logits
 
 __all__ = [
@@ -103,7 +103,7 @@ class LogitsPlan:
     sm_count: int
     # Strides the kernel takes (fixed by the tensors' metadata).
     strides: dict
-    launches: dict = field(default_factory=dict)  # (settings, scale words) -> KernelLaunch
+    launches: dict = field(default_factory=dict)  # (settings, scale words) -> Launch
 
 
 # ------------------------------------------------------------------------------ checks
@@ -371,7 +371,7 @@ def settings_for(plan: LogitsPlan) -> LogitsSettings:
 
 
 def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
-                   ) -> tuple[KernelLaunch, tuple[int, int, int]]:
+                   ) -> tuple[Launch, tuple[int, int, int]]:
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
     options = {"maxnreg": settings.max_registers} if settings.max_registers else None

@@ -19,7 +19,7 @@ import torch
 
 from . import checks, layout, reference
 from .kernels import INTERPRETED, gather_indexer_k_kernel
-from .launcher import Kernel, KernelLaunch, declare_op
+from .launcher import Kernel, Launch, declare_op
 
 BLOCK_R = 64 if INTERPRETED else 32  # rows per program
 GATHER_KERNEL = Kernel(gather_indexer_k_kernel)
@@ -44,7 +44,7 @@ class ReaderPlan:
     check_bounds: bool
     block_size: int
     num_slots: int
-    launch: KernelLaunch  # the gather kernel in the reader's mode
+    launch: Launch  # the gather kernel in the reader's mode
 
 
 def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: bool | None = None,

@@ -11,7 +11,7 @@ import torch
 from . import checks, layout, reference
 from .checks import fail_type, fail_value
 from .kernels import INTERPRETED, indexer_k_store_kernel
-from .launcher import Kernel, KernelLaunch, declare_op, tunable
+from .launcher import Kernel, Launch, declare_op, tunable
 
 # float32 / float16 keys are rounded to bf16 as the kernel loads them.
 K_PRE_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
@@ -19,6 +19,7 @@ COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 
 STORE_KERNEL = Kernel(indexer_k_store_kernel)
+MAX_SIZES_KEPT = 1024  # token counts whose launch a plan keeps
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -47,7 +48,9 @@ class StorePlan:
     eps: float
     page_stride: int
     num_slots: int
-    launches: dict = field(default_factory=dict)  # StoreSettings -> KernelLaunch
+    launches: dict = field(default_factory=dict)  # StoreSettings -> Launch
+    # num_tokens -> (the settings function that chose, launch, grid): the last calls' sizes
+    by_tokens: dict = field(default_factory=dict)
 
 
 class StoreSettings(NamedTuple):
@@ -212,7 +215,7 @@ def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
     return options
 
 
-def _store_launch(plan: StorePlan, settings: StoreSettings) -> KernelLaunch:
+def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
     return STORE_KERNEL.launch(
         plan.device,
         num_warps=settings.num_warps,
@@ -254,6 +257,17 @@ def run_store(plan: StorePlan, call) -> None:
                         n_per_tile=plan.n_per_tile, d_per_tile=plan.d_per_tile,
                         scale_lanes=plan.scale_lanes)
         return
+    chosen = plan.by_tokens.get(num_tokens)
+    if chosen is None or chosen[0] is not store_settings:  # new size, or settings overridden
+        chosen = _launch_for(plan, num_tokens)
+    _, launch, grid = chosen
+    launch(grid, k_pre_ptr=call.k_pre, positions_ptr=call.positions,
+           cos_sin_ptr=call.cos_sin_cache, weight_ptr=call.rms_norm_weight,
+           cache_ptr=call.k_cache, slot_ptr=call.kv_slot_mapping, num_tokens=num_tokens)
+
+
+def _launch_for(plan: StorePlan, num_tokens: int) -> tuple:
+    """(store_settings, launch, grid) for ``num_tokens``, kept in ``plan.by_tokens``."""
     settings = store_settings(num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
     launch = plan.launches.get(settings) or plan.launches.setdefault(
         settings, _store_launch(plan, settings))
@@ -262,9 +276,11 @@ def run_store(plan: StorePlan, call) -> None:
     else:  # pairs with compress_ratio 2, unless the rows are loaded eagerly
         per_program = settings.tokens_per_program * (
             1 if settings.eager_loads else plan.compress_ratio)
-    launch((-(-num_tokens // per_program),), k_pre_ptr=call.k_pre, positions_ptr=call.positions,
-           cos_sin_ptr=call.cos_sin_cache, weight_ptr=call.rms_norm_weight,
-           cache_ptr=call.k_cache, slot_ptr=call.kv_slot_mapping, num_tokens=num_tokens)
+    chosen = (store_settings, launch, (-(-num_tokens // per_program),))
+    if len(plan.by_tokens) >= MAX_SIZES_KEPT:
+        plan.by_tokens.clear()
+    plan.by_tokens[num_tokens] = chosen
+    return chosen
 
 
 @declare_op(check=check_store, run=run_store, mutates=("k_cache",),
