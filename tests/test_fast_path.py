@@ -118,9 +118,26 @@ def test_the_last_call_is_reused_only_for_the_same_options_and_tensors():
     store(*case.args(want))
     last = store.op.plans.last[0]
     assert last is not None and fast_path.enabled()
-    got = case.new_cache()
-    store(*case.args(got))  # through the last call's plan
-    assert store.op.plans.last[0][0] is last[0]
+
+    class CountingLookups(dict):
+        lookups = 0
+
+        def get(self, *args):
+            CountingLookups.lookups += 1
+            return super().get(*args)
+
+    plans = store.op.plans
+    kept, plans.plans = plans.plans, CountingLookups(plans.plans)
+    try:
+        got = case.new_cache()
+        store(*case.args(got))  # through the last call's plan: no lookup
+        assert CountingLookups.lookups == 0
+        args = list(case.args(case.new_cache()))
+        args[4] = float(str(case.eps))  # an equal float, another object: looked up
+        store(*args)
+        assert CountingLookups.lookups == 1
+    finally:
+        plans.plans = kept
     assert torch.equal(pages(got), pages(want))
     args = list(case.args(case.new_cache()))
     for index, value, name in ((8, int(case.use_fp4_cache), "use_fp4_cache"),
@@ -140,6 +157,31 @@ def test_the_last_call_is_reused_only_for_the_same_options_and_tensors():
     cache = case.new_cache()
     store(*case.args(cache))  # and back to the last plan's calls
     assert torch.equal(pages(cache), pages(want))
+
+
+def test_generated_names_are_checked_and_a_launch_may_take_only_the_grid():
+    """Kernel parameters that would clash with the generated launch code are refused; a
+    kernel whose arguments are all fixed launches with the grid alone."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def clashing(grid, x_ptr):
+        tl.store(x_ptr, grid)
+
+    @triton.jit
+    def fill(x_ptr, value, N: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, N), tl.full([N], value, tl.int32))
+
+    with pytest.raises(TypeError, match="grid"):
+        launcher.Kernel(clashing).launch(torch.device("cpu"), num_warps=1)
+    x = torch.zeros(8, dtype=torch.int32)
+    launch = launcher.Kernel(fill).launch(torch.device("cpu"), num_warps=1, x_ptr=x, value=5,
+                                          N=8)
+    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("launching on the CPU needs the interpreter")
+    launch((1,))
+    assert x.eq(5).all()
 
 
 def test_a_tunable_setting_is_overridden_only_inside_the_block():

@@ -367,7 +367,9 @@ def test_default_settings_long_rows():
 
 @pytest.mark.parametrize("rows, cols, k", [(1, 131072, 2048), (64, 65536, 2048),
                                            (512, 8192, 2048), (4, 300000, 64),
-                                           (2, 20000, 16384)])
+                                           (2, 32768, 64), (1, 200000, 16),
+                                           (2, 20000, 8192), (2, 20000, 16384),
+                                           (1, 2**31 - 2**16, 2048)])
 def test_gpu_settings_are_consistent(rows, cols, k):
     """The settings chosen for the GPU: filter programs cover the row, the block covers
     min(k, cols) (and the row, read directly), warps hold 32 pairs a thread or fewer."""
@@ -377,9 +379,25 @@ def test_gpu_settings_are_consistent(rows, cols, k):
     if s.splits == 0:
         assert s.block >= cols
     else:
-        assert s.splits * s.step * s.split_steps >= cols
-        assert s.block >= 2 * min(k, cols) or min(k, cols) > 4096
+        assert s.splits * s.step * s.split_steps >= cols and s.splits <= topk.MAX_GRID_Y
+        assert s.block >= 2 * min(k, cols) or s.block == topk.MAX_SORTED
+        expected = topk.expected_candidates(cols, k, s.sample_block)
+        assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
+
+
+@pytest.mark.parametrize("k", [1, 8, 37])
+def test_small_k_on_long_rows_uses_the_candidates(k):
+    """A small k on a long row: the sample predicts several times k candidates, and the
+    default block holds them (no fallback to the radix selection)."""
+    cols = 5000
+    logits = make_logits("normal", 2, cols, torch.float32, seed=k)
+    settings = topk.topk_settings(2, cols, k)
+    assert settings.splits > 0
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    counts = buffers["cand_count"].cpu()
+    assert ((counts >= k) & (counts <= settings.block)).all(), (counts, settings.block)
 
 
 def test_repeated_calls_agree():

@@ -127,6 +127,7 @@ class Op:
         self.check, self.run, self.fake = check, run, fake
         signature = inspect.signature(declaration)
         names = list(signature.parameters)
+        _check_generated_names(self.name, names, reserved=("type",))
         self.Call = collections.namedtuple(f"{self.name}_call", names)
         # The torch.library schema, from the declared signature. Ints stay ints: every one
         # of them selects a format or a layout, which the kernels are specialised on.
@@ -272,6 +273,15 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     return namespace[op.name]
 
 
+def _check_generated_names(owner: str, names: list[str], reserved: tuple[str, ...]) -> None:
+    """The generated functions use names of their own that start with ``_`` and the
+    ``reserved`` ones: parameter names must not."""
+    clashing = [n for n in names if n.startswith("_") or n in reserved]
+    if clashing:
+        raise TypeError(f"{owner}: parameter names {clashing} clash with the generated code's "
+                        f"names (none may start with '_' or be one of {list(reserved)})")
+
+
 def _parameters(signature: inspect.Signature, namespace: dict) -> str:
     """The parameter list of ``signature`` as source, defaults taken from ``namespace``."""
     params, star = [], False
@@ -328,6 +338,7 @@ class KernelLaunch:
             raise TypeError(f"{kernel.fn.__name__}: no parameters {sorted(unknown)}")
         self.fixed = fixed
         self.per_call = [name for name in kernel.names if name not in fixed]
+        _check_generated_names(kernel.fn.__name__, kernel.names, reserved=("grid", "args"))
         self.compiles = not INTERPRETED and self.device_index is not None
         self.compiled: dict[tuple, object] = {}
         self._pack = None  # made at the first launch, when the per-call arguments are known
@@ -366,7 +377,8 @@ def _keyword_launch(state: KernelLaunch) -> Launch:
     carries ``state`` as ``launch.state``."""
     names = state.per_call
     namespace = {"_values": state.launch_values}
-    source = (f"def launch(grid, *, {', '.join(names)}):\n"
+    keywords = f", *, {', '.join(names)}" if names else ""
+    source = (f"def launch(grid{keywords}):\n"
               f"    _values(grid, {', '.join(names)})\n")
     exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
     launch = namespace["launch"]

@@ -257,8 +257,10 @@ def run_store(plan: StorePlan, call) -> None:
                         n_per_tile=plan.n_per_tile, d_per_tile=plan.d_per_tile,
                         scale_lanes=plan.scale_lanes)
         return
+    # The launch for this size, kept while store_settings stays the same function (an
+    # override swaps it; one that changes its answer over time is not followed).
     chosen = plan.by_tokens.get(num_tokens)
-    if chosen is None or chosen[0] is not store_settings:  # new size, or settings overridden
+    if chosen is None or chosen[0] is not store_settings:
         chosen = _launch_for(plan, num_tokens)
     _, launch, grid = chosen
     launch(grid, k_pre_ptr=call.k_pre, positions_ptr=call.positions,

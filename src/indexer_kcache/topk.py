@@ -11,6 +11,7 @@ shapes only, so a call can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -19,7 +20,14 @@ import torch
 from . import checks
 from .checks import fail_type, fail_unsupported, fail_value
 from .kernels import INTERPRETED
-from .kernels.topk import topk_filter_kernel, topk_rank_kernel, topk_sample_kernel, topk_select_kernel
+from .kernels.topk import (
+    MARGIN_EXTRA,
+    MARGIN_SIGMAS,
+    topk_filter_kernel,
+    topk_rank_kernel,
+    topk_sample_kernel,
+    topk_select_kernel,
+)
 from .launcher import Kernel, declare_op, tunable
 from .reference import topk as reference_topk
 from .reference.logits import lengths_from_context
@@ -35,10 +43,12 @@ RANK_KERNEL = Kernel(topk_rank_kernel)
 LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 LENGTHS_DTYPES = (torch.int32,)
 OUT_DTYPES = (torch.int32,)
-# The column is the low 32-bit word of a pair, its complement ranking lower columns first.
-MAX_COLS = 2**31 - 1
-# The select kernel ranks min(k, cols) pairs in one program.
+# The column is the low 32-bit word of a pair, its complement ranking lower columns first;
+# columns stay below 2**31 with room for a step of the kernels' loops.
+MAX_COLS = 2**31 - 2**16
+# The select kernel ranks at most this many pairs in one program (min(k, cols) or more).
 MAX_SORTED = 16384
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension (the filter's programs)
 
 # Settings (see topk_settings).
 DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole
@@ -109,8 +119,9 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     atomic a step: one step a program for fewer than ``FILTER_STEPS_FROM`` elements
     (many small programs), ``FILTER_STEPS`` from there (each step's load in flight while
     the step before waits for its atomics); the select and rank kernels order the
-    candidates, about 1.4 times ``min(k, cols)`` for rows without long runs of equal
-    values, in a block of twice that.
+    candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
+    values; more for a small sample of a long row) in a block with room for 1.25 times
+    the count the sample's rank predicts, and at least twice ``min(k, cols)``.
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -118,16 +129,27 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     if cols <= direct_max_cols:
         block = max(_next_power_of_2(cols), 32)
         return TopKSettings(0, 0, 0, 0, block, _select_warps(block), RADIX_BITS)
-    # Room for the candidates; past 4096 wanted, the row's top k by the radix fallback.
-    block = 2 * want_block if want_block <= 4096 else want_block
     sample = min(max(_next_power_of_2(SAMPLE_HITS * cols // k), MIN_SAMPLE), MAX_SAMPLE)
+    block = min(max(2 * want_block, _next_power_of_2(-(-5 * expected_candidates(
+        cols, k, sample) // 4))), MAX_SORTED)
     if interpreted:  # the interpreter's cost is per program: few, large ones
         steps = -(-cols // (4 * FILTER_STEP))
         return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
                             RADIX_BITS, split_steps=steps)
     steps = FILTER_STEPS if rows * cols >= FILTER_STEPS_FROM else 1
+    steps = max(steps, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, FILTER_WARPS, sample,
                         block, _select_warps(block), RADIX_BITS, split_steps=steps)
+
+
+def expected_candidates(cols: int, k: int, sample: int) -> int:
+    """The filter's candidates in a full row of ``cols`` columns, as the sample kernel's
+    rank predicts them: the row's share of the sample's ``r``-th largest (see
+    ``topk_sample_kernel``)."""
+    sampled = min(sample, cols)
+    expected = -(-min(k, cols) * sampled // cols)
+    rank = expected + int(math.sqrt(expected) * MARGIN_SIGMAS.value) + MARGIN_EXTRA.value
+    return -(-rank * cols // sampled)
 
 
 def _check_int(name: str, value: object) -> None:

@@ -16,10 +16,11 @@ smallest pair into ``BLOCK`` buckets of equal width, counts the pairs per bucket
 atomic adds (which also give each pair a slot in its bucket) and writes the pairs bucket
 by bucket to a scratch row. ``topk_rank_kernel`` (programs per row and chunk of the
 scratch row) then ranks each pair as its bucket's start plus the number of the bucket's
-pairs above it. Buckets hold a pair or two on average, so ranking costs a few compares
-per pair, where a sorting network costs a few hundred (``tl.sort``'s cost: BENCHMARKS.md,
-"The top-k"). Only the pairs of buckets that start within the first ``k`` ranks are
-ranked.
+pairs above it. For smoothly spread values buckets hold a pair or two, so ranking costs a
+few compares per pair, where a sorting network costs a few hundred (``tl.sort``'s cost:
+BENCHMARKS.md, "The top-k"); a crowded bucket (a long run of equal values, or an outlier
+that stretches the range) costs the square of its size, exact all the same. Only the
+pairs of buckets that start within the first ``k`` ranks are ranked.
 
 The source is the row itself when it fits; a longer row's candidates otherwise:
 ``topk_sample_kernel`` picks a key threshold from a fixed sample of the row (a little
