@@ -80,11 +80,15 @@ def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
                    k_cache.stride(0))
 
 
-def check_int(name: str, value: object, allow_none: bool = False) -> None:
+def check_int(name: str, value: object, allow_none: bool = False,
+              at_least: int | None = None) -> None:
+    """An int (not a bool), or None where allowed; ``>= at_least`` when given."""
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool):
         fail_type(name, "an int" + (" or None" if allow_none else ""), type(value).__name__)
+    if at_least is not None and value < at_least:
+        fail_value(name, f">= {at_least}", value)
 
 
 def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,

@@ -37,11 +37,8 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int,
     The tensor only keeps call sites that build and pass it working unchanged.
     """
     checks.check_dtype("context_lens", context_lens, checks.INDEX_DTYPES)
-    for name, value, least in (("block_size", block_size, 1), ("num_sms", num_sms, 1)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            checks.fail_type(name, "an int", type(value).__name__)
-        if value < least:
-            checks.fail_value(name, f">= {least}", value)
+    checks.check_int("block_size", block_size, at_least=1)
+    checks.check_int("num_sms", num_sms, at_least=1)
     return torch.zeros(num_sms + 1, _METADATA_COLUMNS, dtype=torch.int32,
                        device=context_lens.device)
 

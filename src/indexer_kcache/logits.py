@@ -107,10 +107,6 @@ class LogitsPlan:
 
 
 # ------------------------------------------------------------------------------ checks
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_last_dim_unit_stride(name: str, t: torch.Tensor) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         fail_value(f"{name}.stride(-1)", "1", t.stride(-1))
@@ -493,10 +489,7 @@ def paged_mqa_logits(
         float32 ``[B * next_n, max_model_len]`` (``out`` when given).
     """
     values, scales = split_query(q)
-    if not _is_int(max_model_len):
-        fail_type("max_model_len", "an int", type(max_model_len).__name__)
-    if max_model_len < 0:
-        fail_value("max_model_len", ">= 0", max_model_len)
+    checks.check_int("max_model_len", max_model_len, at_least=0)
     rows = values.shape[0] * values.shape[1] if values.dim() == 4 else -1
     if out is None:
         if rows < 0:

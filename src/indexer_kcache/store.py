@@ -135,8 +135,7 @@ def check_store(call) -> StorePlan:
     checks.check_k_cache(k_cache, call.use_fp4_cache)
     checks.check_index_vector("kv_slot_mapping", call.kv_slot_mapping)
     compress_ratio = call.compress_ratio
-    if not isinstance(compress_ratio, int) or isinstance(compress_ratio, bool):
-        fail_type("compress_ratio", "an int", type(compress_ratio).__name__)
+    checks.check_int("compress_ratio", compress_ratio)
     if compress_ratio not in (1, 2):
         fail_value("compress_ratio", "1 or 2", compress_ratio)
     checks.check_same_device("k_cache", k_cache, k_pre=k_pre, positions=call.positions,

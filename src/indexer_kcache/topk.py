@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from . import checks
-from .checks import fail_type, fail_unsupported, fail_value
+from .checks import fail_unsupported, fail_value
 from .kernels import INTERPRETED
 from .kernels.topk import (
     MARGIN_EXTRA,
@@ -152,15 +152,8 @@ def expected_candidates(cols: int, k: int, sample: int) -> int:
     return -(-rank * cols // sampled)
 
 
-def _check_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        fail_type(name, "an int", type(value).__name__)
-
-
 def check_k(k: object) -> None:
-    _check_int("k", k)
-    if k <= 0:
-        fail_value("k", ">= 1", k)
+    checks.check_int("k", k, at_least=1)
 
 
 def check_topk(call) -> TopKPlan:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import INDEX_DTYPES, check_dtype, fail_type, fail_value
+from ..checks import INDEX_DTYPES, check_dtype, check_int, fail_value
 from ..layout import HEAD_DIM, MXFP4_D_PER_TILE, MXFP4_GROUP
 from .cache import cache_bytes, decode_e2m1, dequantize, token_byte_offsets, ue8m0_to_float
 
@@ -41,11 +41,8 @@ def lengths_from_context(context_lens: torch.Tensor, next_n: int, num_cols: int)
     shape ``[B, next_n]`` it sees ``t < context_lens[b, i]``. Lengths are clamped to
     ``[0, num_cols]`` (the logits' width).
     """
-    for name, value, least in (("next_n", next_n, 1), ("num_cols", num_cols, 0)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            fail_type(name, "an int", type(value).__name__)
-        if value < least:
-            fail_value(name, f">= {least}", value)
+    check_int("next_n", next_n, at_least=1)
+    check_int("num_cols", num_cols, at_least=0)
     check_dtype("context_lens", context_lens, INDEX_DTYPES)
     if context_lens.dim() not in (1, 2) or (context_lens.dim() == 2
                                             and context_lens.shape[1] != next_n):
