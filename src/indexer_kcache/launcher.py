@@ -347,22 +347,25 @@ class KernelLaunch:
     def launch_values(self, grid: tuple[int, ...], *values) -> None:
         """Launch on ``grid`` with the per-call arguments in ``self.per_call`` order."""
         if not (self.compiles and fast_path._enabled):
-            self._launch(grid, dict(zip(self.per_call, values, strict=True)))
+            self._launch(grid, values)
             return
         if self._pack is None:
-            self._pack = packer(self.kernel, self.fixed,
-                                dict(zip(self.per_call, values, strict=True)))
+            self._pack = packer(self.kernel, self.fixed, self._by_name(values))
         key, args = self._pack(*values)
         compiled = self.compiled.get(key)
         if compiled is None:
-            self.compiled[key] = self._launch(grid, dict(zip(self.per_call, values, strict=True)))
+            self.compiled[key] = self._launch(grid, values)
             return
         if len(grid) != 3:
             grid = (grid + (1, 1))[:3]
         fast_path.launch_compiled(compiled, self.device_index, grid, args)
 
-    def _launch(self, grid, per_call):
+    def _by_name(self, values: tuple) -> dict:
+        return dict(zip(self.per_call, values, strict=True))
+
+    def _launch(self, grid, values: tuple):
         """Triton's own launch (compiling on first use), on the kernel's device."""
+        per_call = self._by_name(values)
         if self.device_index is None or self.device_index == torch.cuda.current_device():
             return self.kernel.fn[grid](**self.fixed, **per_call, **self.launch_options)
         with torch.cuda.device(self.device_index):
