@@ -75,8 +75,9 @@ def main() -> None:
                                                            check_bounds=False)
     calls["dequantize, 64 rows"] = lambda: ik.dequantize_indexer_k(
         cache, slots, False, mx_scales=False, check_bounds=False)
-    calls["two output allocations (gather's)"] = lambda: (cache.new_empty((64, 128)),
-                                                         cache.new_empty((64, 4)))
+    calls["two output allocations (gather's)"] = lambda: (
+        torch.empty(64, 128, dtype=torch.uint8, device=cache.device),
+        torch.empty(64, 4, dtype=torch.uint8, device=cache.device))
     for fn in calls.values():
         fn()  # checks, plans, the interpreter's run
     _mark_compiled(store.indexer_k_norm_rope_store.op, ik.gather_indexer_k.op,

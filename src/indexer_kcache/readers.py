@@ -131,8 +131,12 @@ def _new_rows(k_cache: torch.Tensor, num_rows: int, use_fp4_cache: bool
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous ``values`` [num_rows, value bytes] and ``scales`` [num_rows, 4] (two
     allocations: an op's outputs must not share storage)."""
-    return (k_cache.new_empty((num_rows, layout.value_bytes(use_fp4_cache))),
-            k_cache.new_empty((num_rows, layout.SCALE_BYTES)))
+    # torch.empty with the sizes as arguments: the cheapest allocation call (eager calls
+    # are host-bound; see BENCHMARKS.md, "Eager calls").
+    device = k_cache.device
+    return (torch.empty(num_rows, layout.value_bytes(use_fp4_cache), dtype=torch.uint8,
+                        device=device),
+            torch.empty(num_rows, layout.SCALE_BYTES, dtype=torch.uint8, device=device))
 
 
 def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +162,7 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
     num_rows = slots.shape[0]
-    keys = torch.empty((num_rows, layout.HEAD_DIM), dtype=torch.float32, device=k_cache.device)
+    keys = torch.empty(num_rows, layout.HEAD_DIM, dtype=torch.float32, device=k_cache.device)
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, dequant_ptr=keys)
