@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import layout
+from .kernels import INTERPRETED
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = (None, "triton", "reference")
@@ -197,3 +198,17 @@ def check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots
         first = int(bad[0, 0])
         raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
                          f"[0, {num_slots})")
+
+
+def nvidia_capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of an NVIDIA GPU running compiled kernels; None for the
+    interpreter, CPU tensors and ROCm."""
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: NVIDIA sm_90 and newer, compiled kernels only."""
+    capability = nvidia_capability(device)
+    return capability is not None and capability >= (9, 0)

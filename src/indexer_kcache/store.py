@@ -66,28 +66,14 @@ class StoreSettings(NamedTuple):
     ranges: int = 1
 
 
-def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
-    """Compute capability of an NVIDIA GPU running compiled kernels; None for the
-    interpreter, CPU tensors and ROCm."""
-    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
-        return None
-    return torch.cuda.get_device_capability(device)
-
-
 def exact_casts_needed(device: torch.device) -> bool:
     """Use the integer float conversions unless the GPU converts to fp8/bf16 natively.
 
     Native e4m3 conversion exists on NVIDIA sm_89 and newer; elsewhere (the interpreter,
     ROCm, older NVIDIA) the portable conversions are the ones known to be exact.
     """
-    capability = _nvidia_capability(device)
+    capability = checks.nvidia_capability(device)
     return capability is None or capability < (8, 9)
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: NVIDIA sm_90 and newer, compiled kernels only."""
-    capability = _nvidia_capability(device)
-    return capability is not None and capability >= (9, 0)
 
 
 def check_token_counts(call) -> int:
@@ -147,7 +133,7 @@ def check_store(call) -> StorePlan:
     layout_code, n_per_tile, d_per_tile, scale_lanes = checks.resolve_layout(
         call.use_fp4_cache, call.shuffle, block_size, call.mxfp4_n_per_tile, device,
         call.mxfp4_d_per_tile, call.mxfp4_scale_lanes)
-    pdl = pdl_supported(device)
+    pdl = checks.pdl_supported(device)
     if call.enable_pdl and not pdl:
         checks.fail_unsupported("enable_pdl", "False or None on this device (PDL needs an "
                                 "NVIDIA GPU of compute capability 9.0 or newer)", call.enable_pdl)
@@ -166,7 +152,7 @@ def check_store(call) -> StorePlan:
         check_bounds=call.check_bounds,
         exact_casts=exact_casts_needed(device),
         pdl=pdl if call.enable_pdl is None else call.enable_pdl,
-        nvidia=_nvidia_capability(device) is not None,
+        nvidia=checks.nvidia_capability(device) is not None,
         k_pre_row_stride=k_pre.stride(0),
         cos_sin_row_stride=cos_sin.stride(0),
         max_pos=cos_sin.shape[0],

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from . import checks
-from .checks import fail_unsupported, fail_value
+from .checks import fail_unsupported, fail_value, pdl_supported
 from .kernels import INTERPRETED
 from .kernels.topk import (
     MARGIN_EXTRA,
@@ -82,6 +82,9 @@ class TopKSettings(NamedTuple):
     split_steps: int = 1  # steps of the filter kernel per program (the next one prefetched)
     sample_digit_bits: int = 1  # bits of the sample's threshold decided per pass
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
+    # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
+    # previous one runs and waits for it on the GPU, hiding the launches' latency.
+    pdl: bool = True
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -192,29 +195,37 @@ def check_topk(call) -> TopKPlan:
                     lengths is not None, logits.stride(0), out.stride(0))
 
 
-def _register_cap(device: torch.device, max_registers: int) -> dict:
-    """Triton's register cap: an option of its NVIDIA backend only."""
-    if max_registers and not INTERPRETED and device.type == "cuda" and torch.version.hip is None:
-        return {"maxnreg": max_registers}
-    return {}
+def _options(device: torch.device, pdl: bool, max_registers: int = 0) -> dict | None:
+    """Triton's launch options of a kernel: programmatic dependent launch and a register
+    cap, options of its NVIDIA backend only."""
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+        return None
+    options = {"launch_pdl": True} if pdl else {}
+    if max_registers:
+        options["maxnreg"] = max_registers
+    return options or None
 
 
 def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     """The kernels' launches for a setting: (sample, filter, filter grid, select, (rank,
     rank grid))."""
     rows, cols, k = plan.rows, plan.cols, plan.k
+    pdl = s.pdl and pdl_supported(plan.device)
+    options = _options(plan.device, pdl)
     common = dict(row_stride=plan.row_stride, cols=cols, IS_BF16=plan.is_bf16,
-                  HAS_LENGTHS=plan.has_lengths)
+                  HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl)
     sample = filter_ = filter_grid = None
     if s.splits:
         chunks = s.sample_block // SAMPLE_CHUNK
         sample_stride = -(-cols // chunks)
         sample_stride = max(-(-sample_stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
         sample = SAMPLE_KERNEL.launch(
-            plan.device, num_warps=min(max(s.sample_block // 512, 4), 16), **common, k=k,
+            plan.device, num_warps=min(max(s.sample_block // 512, 4), 16), options=options,
+            **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
             BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits)
-        filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, **common,
+        filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
+                                       **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,
                                        BLOCK=s.step)
         filter_grid = (rows, s.splits)
@@ -222,12 +233,13 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     select = SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
-        options=_register_cap(plan.device, s.max_registers), **common, k=k, low_skip=low_skip,
+        options=_options(plan.device, pdl, s.max_registers), **common, k=k, low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
         BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
     chunk = min(s.chunk, s.block)
-    rank = RANK_KERNEL.launch(plan.device, num_warps=4, out_row_stride=plan.out_row_stride,
-                              BLOCK=s.block, CHUNK=chunk, WIDTH=s.width)
+    rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
+                              out_row_stride=plan.out_row_stride, BLOCK=s.block, CHUNK=chunk,
+                              WIDTH=s.width, USE_PDL=pdl)
     return sample, filter_, filter_grid, select, (rank, (rows, s.block // chunk))
 
 

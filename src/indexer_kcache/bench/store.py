@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import layout, reference
-from ..store import indexer_k_norm_rope_store, pdl_supported
+from ..checks import pdl_supported
+from ..store import indexer_k_norm_rope_store
 from .timing import (
     eager_time_us,
     eager_vs_baseline_us,

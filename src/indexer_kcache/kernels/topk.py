@@ -37,6 +37,7 @@ only inside its buffers, whatever the lengths say.
 
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tl_cuda
 
 SIGN_BIT = tl.constexpr(0x80000000)
 ABS_MASK = tl.constexpr(0x7FFFFFFF)
@@ -231,6 +232,16 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
             written += tl.sum(take.to(tl.int32), 0)
 
 
+@triton.jit
+def _wait_for_previous_kernel(USE_PDL: tl.constexpr):
+    """With programmatic dependent launch (sm_90+), a kernel may start before the previous
+    one in the stream has finished: wait for it (everything after reads what it wrote),
+    then let the next kernel start early in turn."""
+    if USE_PDL:
+        tl_cuda.gdc_wait()
+        tl_cuda.gdc_launch_dependents()
+
+
 @triton.jit(do_not_specialize=["cols", "k", "sample_stride"])
 def topk_sample_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k,
@@ -241,6 +252,7 @@ def topk_sample_kernel(
     SAMPLE_BLOCK: tl.constexpr,
     BITS: tl.constexpr,
     DIGIT_BITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
     holding the uint32 key), and ``cand_count[row] = 0``.
@@ -254,6 +266,7 @@ def topk_sample_kernel(
     so that the row's elements at or above it are usually a little more than ``want``. 0
     (every element) when the sample is too small for ``r``.
     """
+    _wait_for_previous_kernel(USE_PDL)
     tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -306,6 +319,7 @@ def topk_filter_kernel(
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Program (row, split): appends the pairs of columns ``[split * split_cols,
     (split + 1) * split_cols)`` whose key is at least ``threshold[row]`` to ``cand[row]``
@@ -316,6 +330,7 @@ def topk_filter_kernel(
 
     Each step's block is loaded a step ahead, so that the load is in flight while the step
     before waits for its atomic (``split_cols`` is a multiple of ``BLOCK``)."""
+    _wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -488,6 +503,7 @@ def topk_select_kernel(
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Program (row): the pairs that ``topk_rank_kernel`` ranks, placed bucket by bucket
     (``_place``), for the row's ``want = min(k, eligible)`` first ranks; ``out[row, want:k]
@@ -505,6 +521,7 @@ def topk_select_kernel(
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
     radix tie passes start below them.
     """
+    _wait_for_previous_kernel(USE_PDL)
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -548,11 +565,13 @@ def topk_rank_kernel(
     BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
     WIDTH: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Program (row, chunk): ranks the pairs ``scratch[row, chunk * CHUNK ..]`` placed by
     the select kernel, those below its ``end`` (``meta[row, 2]``), each as its bucket's
     start plus the number of its bucket's pairs above it (``WIDTH`` compared a step), and
     writes ``out[row, rank] = column`` for the ranks below ``want`` (``meta[row, 3]``)."""
+    _wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * CHUNK
     meta_row_ptr = meta_ptr + row * 4
