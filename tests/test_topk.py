@@ -357,6 +357,15 @@ def test_k_2048_long_rows():
     assert 2048 <= int(buffers["cand_count"][0]) <= settings.block
 
 
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain-launch", "pdl"])
+def test_dependent_launch_gives_the_same_indices(pdl):
+    """With and without programmatic dependent launch (a launch option on sm_90+, the
+    constexpr waits compiled out elsewhere): the same result."""
+    logits = make_logits("normal", 2, 9000, torch.float32, seed=3)
+    settings = topk.topk_settings(2, 9000, 300)._replace(pdl=pdl)
+    check(logits, 300, None, settings)
+
+
 def test_default_settings_long_rows():
     """topk_settings' own choice for a row past the direct width."""
     cols = 4100
@@ -384,6 +393,8 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         expected = topk.expected_candidates(cols, k, s.sample_block)
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
+    # Early launches only while the filter's programs leave SMs free.
+    assert s.pdl == (0 < s.splits and rows * s.splits <= topk.PDL_MAX_PROGRAMS)
 
 
 @pytest.mark.parametrize("k", [1, 8, 37])

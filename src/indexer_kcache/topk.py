@@ -64,6 +64,9 @@ STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a r
 RADIX_BITS = 8
 RANK_CHUNK = 256  # pairs ranked per program
 RANK_WIDTH = 4  # bucket members compared per step
+# Programmatic dependent launch while the filter's programs leave SMs free (an early
+# launched kernel's programs hold SM resources while they wait); measured in BENCHMARKS.md.
+PDL_MAX_PROGRAMS = 128
 
 
 class TopKSettings(NamedTuple):
@@ -84,7 +87,7 @@ class TopKSettings(NamedTuple):
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
-    pdl: bool = True
+    pdl: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -124,7 +127,9 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     the step before waits for its atomics); the select and rank kernels order the
     candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
     values; more for a small sample of a long row) in a block with room for 1.25 times
-    the count the sample's rank predicts, and at least twice ``min(k, cols)``.
+    the count the sample's rank predicts, and at least twice ``min(k, cols)``. The kernels
+    launch with programmatic dependent launch (where the GPU has it) while the filter has
+    at most ``PDL_MAX_PROGRAMS`` programs.
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -141,8 +146,9 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
                             RADIX_BITS, split_steps=steps)
     steps = FILTER_STEPS if rows * cols >= FILTER_STEPS_FROM else 1
     steps = max(steps, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
-    return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, FILTER_WARPS, sample,
-                        block, _select_warps(block), RADIX_BITS, split_steps=steps)
+    splits = -(-cols // (steps * FILTER_STEP))
+    return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block, _select_warps(block),
+                        RADIX_BITS, split_steps=steps, pdl=rows * splits <= PDL_MAX_PROGRAMS)
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
