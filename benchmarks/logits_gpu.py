@@ -57,8 +57,6 @@ SHAPES = [(1, 4096, 1), (1, 131072, 1), (8, 32768, 1), (64, 8192, 1), (64, 32768
 PEER_SHAPES = {(1, 4096), (1, 131072), (8, 32768), (64, 8192)}  # the unfused torch peer
 COMBOS = [("fp8", "e4m3"), ("mxfp4", "e4m3"), ("mxfp4", "mxfp4")]  # (cache, query form)
 BF16_COMBOS = [("fp8", "bf16"), ("fp8-mx", "bf16"), ("mxfp4", "bf16")]  # at 64 x 32768
-ROTATION_BYTES = 256 << 20  # calls of one graph read at least this much (the L2 is 50 MB)
-SOURCE_BLOCKS = 512  # blocks written by the store, then repeated to fill a large cache
 FORMS = {VARIANT_ROWS: "rows", VARIANT_STACKED: "stacked"}
 CHECK_CONTEXT = 3000  # keys of the longest sequence of a check
 
@@ -98,40 +96,18 @@ def spread_group_scales(cache: torch.Tensor, drop: int) -> torch.Tensor:
     return cache
 
 
-def big_cache(fmt: str, num_blocks: int, seed: int = 0) -> torch.Tensor:
-    """A cache of ``num_blocks`` blocks: SOURCE_BLOCKS stored ones, repeated."""
-    src = store_cache(fmt, min(num_blocks, SOURCE_BLOCKS), seed=seed)
-    cache = torch.empty((num_blocks, *src.shape[1:]), dtype=torch.uint8, device=DEV)
-    for start in range(0, num_blocks, src.shape[0]):
-        n = min(src.shape[0], num_blocks - start)
-        cache[start:start + n] = src[:n]
-    return cache
-
-
 def make_queries(q_form: str, batch: int, next_n: int, g: torch.Generator, heads=HEADS,
                  exponents=(121, 131)):
     return bench_logits.make_queries(q_form, batch, next_n, g, DEV, heads, exponents)
 
 
 def make_calls(fmt: str, q_form: str, batch: int, context: int, next_n: int, seed: int = 0):
-    """Rotations of one shape: distinct pages, queries, tables and outputs per call, so that
-    the calls of a graph together read at least ROTATION_BYTES. Returns (calls, bytes of
-    one call)."""
-    fp4, mx = layout.FORMATS[fmt]
-    blocks = -(-context // BLOCK)
-    nbytes = batch * context * layout.cache_row_bytes(fp4)
-    rotations = max(1, min(256, -(-ROTATION_BYTES // nbytes)))
-    cache = big_cache(fmt, rotations * batch * blocks, seed)
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    order = torch.randperm(cache.shape[0], generator=g, device=DEV).to(torch.int32)
-    calls = []
-    for r in range(rotations):
-        table = order[r * batch * blocks:(r + 1) * batch * blocks].view(batch, blocks)
-        calls.append(dict(
-            q=make_queries(q_form, batch, next_n, g), k_cache=cache,
-            weights=torch.randn(batch * next_n, HEADS, generator=g, device=DEV),
-            context_lens=torch.full((batch,), context, dtype=torch.int32, device=DEV),
-            block_table=table.contiguous(), max_model_len=context, mx_scales=mx))
+    """The bench's rotations of one shape (distinct pages, queries and tables per call,
+    together more than the L2), without their outputs: ``checked`` gives each call its
+    own. Returns (calls, key bytes of one call)."""
+    calls, nbytes = bench_logits.make_calls(fmt, q_form, batch, context, next_n, DEV, seed)
+    for call in calls:
+        del call["out"]
     return calls, nbytes
 
 
