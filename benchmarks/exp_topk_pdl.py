@@ -1,6 +1,7 @@
-"""Experiment: the top-k's four kernels launched with and without programmatic dependent
-launch (each kernel waits for the previous one on the GPU instead of in the stream), at
-the bench's shapes; CUDA-graph replay, alternating A B A B.
+"""Experiment: the top-k's four kernels launched without programmatic dependent launch,
+with it and the next kernel released at once (``PDL_EARLY``), or with it and the next
+kernel released as the programs exit (``PDL_AT_EXIT``), at the bench's shapes;
+CUDA-graph replay, the three alternated twice.
 
     python benchmarks/exp_topk_pdl.py
 """
@@ -22,9 +23,9 @@ def main():
         buffers = make_logits(rows, cols, device)
         outs = [torch.empty(rows, K, dtype=torch.int32, device=device) for _ in buffers]
         default = topk.topk_settings(rows, cols, K)
-        times = {True: [], False: []}
+        times = {topk.PDL_NONE: [], topk.PDL_EARLY: [], topk.PDL_AT_EXIT: []}
         exact = {}
-        for pdl in (True, False) * 2:
+        for pdl in (topk.PDL_EARLY, topk.PDL_AT_EXIT, topk.PDL_NONE) * 2:
             settings = default._replace(pdl=pdl)
 
             def call(x, o, settings=settings):
@@ -35,10 +36,10 @@ def main():
             calls[0]()
             exact[pdl] = torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], K))
             times[pdl].append(graph_time_us(calls, 40))
-        on, off = min(times[True]), min(times[False])
-        lines.append(f"{rows:>4} x {cols:<6}  PDL {on:6.1f} us  no PDL {off:6.1f} us  "
-                     f"({off / on:.3f}x)  exact: {exact[True]}, {exact[False]}  "
-                     f"runs {times[True]} / {times[False]}")
+        best = {mode: min(runs) for mode, runs in times.items()}
+        lines.append(f"{rows:>4} x {cols:<6}  no PDL {best[topk.PDL_NONE]:6.1f} us  early "
+                     f"{best[topk.PDL_EARLY]:6.1f} us  at exit {best[topk.PDL_AT_EXIT]:6.1f} us  "
+                     f"exact: {all(exact.values())}  runs {times}")
         print(lines[-1], flush=True)
         del buffers, outs
     print("\n".join(lines))

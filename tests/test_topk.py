@@ -357,7 +357,7 @@ def test_k_2048_long_rows():
     assert 2048 <= int(buffers["cand_count"][0]) <= settings.block
 
 
-@pytest.mark.parametrize("pdl", [False, True], ids=["plain-launch", "pdl"])
+@pytest.mark.parametrize("pdl", [0, 1, 2], ids=["plain-launch", "pdl-early", "pdl-at-exit"])
 def test_dependent_launch_gives_the_same_indices(pdl):
     """With and without programmatic dependent launch (a launch option on sm_90+, the
     constexpr waits compiled out elsewhere): the same result."""
@@ -394,7 +394,9 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
     # Early launches only while the filter's programs leave SMs free.
-    assert s.pdl == (0 < s.splits and rows * s.splits <= topk.PDL_MAX_PROGRAMS)
+    if s.splits:
+        early = rows * s.splits <= topk.PDL_MAX_PROGRAMS
+        assert s.pdl == (topk.PDL_EARLY if early else topk.PDL_AT_EXIT)
 
 
 @pytest.mark.parametrize("k", [1, 8, 37])

@@ -44,6 +44,7 @@ class ReaderPlan:
     check_bounds: bool
     block_size: int
     num_slots: int
+    value_bytes: int  # of a stored row
     launch: Launch  # the gather kernel in the reader's mode
 
 
@@ -92,6 +93,7 @@ def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: b
         check_bounds=call.check_bounds,
         block_size=block_size,
         num_slots=num_blocks * block_size,
+        value_bytes=layout.value_bytes(call.use_fp4_cache),
         launch=launch,
     )
 
@@ -127,15 +129,14 @@ def check_gather_by_blocks(call) -> ReaderPlan:
     return _reader_plan(call, "block_table", "cu_seq_lens", block_table=block_table)
 
 
-def _new_rows(k_cache: torch.Tensor, num_rows: int, use_fp4_cache: bool
+def _new_rows(k_cache: torch.Tensor, num_rows: int, value_bytes: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous ``values`` [num_rows, value bytes] and ``scales`` [num_rows, 4] (two
+    """Contiguous ``values`` [num_rows, value_bytes] and ``scales`` [num_rows, 4] (two
     allocations: an op's outputs must not share storage)."""
     # torch.empty with the sizes as arguments: the cheapest allocation call (eager calls
     # are host-bound; see BENCHMARKS.md, "Eager calls").
     device = k_cache.device
-    return (torch.empty(num_rows, layout.value_bytes(use_fp4_cache), dtype=torch.uint8,
-                        device=device),
+    return (torch.empty(num_rows, value_bytes, dtype=torch.uint8, device=device),
             torch.empty(num_rows, layout.SCALE_BYTES, dtype=torch.uint8, device=device))
 
 
@@ -146,9 +147,9 @@ def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
     num_rows = slots.shape[0]
-    values, scales = _new_rows(k_cache, num_rows, plan.use_fp4_cache)
+    values, scales = _new_rows(k_cache, num_rows, plan.value_bytes)
     if num_rows:
-        plan.launch((-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots,
+        plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, values_ptr=values, scales_ptr=scales)
     return values, scales
 
@@ -164,7 +165,7 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
     num_rows = slots.shape[0]
     keys = torch.empty(num_rows, layout.HEAD_DIM, dtype=torch.float32, device=k_cache.device)
     if num_rows:
-        plan.launch((-(-num_rows // BLOCK_R),), cache_ptr=k_cache, slot_ptr=slots,
+        plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, dequant_ptr=keys)
     return keys
 
@@ -185,10 +186,10 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
         checks.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),
             plan.num_slots, "slots of the sequences")
-    values, scales = _new_rows(k_cache, num_rows, plan.use_fp4_cache)
+    values, scales = _new_rows(k_cache, num_rows, plan.value_bytes)
     if num_rows:
         plan.launch(
-            (block_table.shape[0], -(-max_len // BLOCK_R)), cache_ptr=k_cache,
+            (block_table.shape[0], -(-max_len // BLOCK_R), 1), cache_ptr=k_cache,
             slot_ptr=cu_seq_lens, num_rows=num_rows,  # unused with BY_BLOCKS
             block_table_ptr=block_table, cu_seq_lens_ptr=cu_seq_lens,
             values_ptr=values, scales_ptr=scales)
@@ -196,12 +197,12 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
 
 
 def _fake_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
-    return _new_rows(call.k_cache, call.slots.shape[0], plan.use_fp4_cache)
+    return _new_rows(call.k_cache, call.slots.shape[0], plan.value_bytes)
 
 
 def _fake_sequence_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     # The row count is cu_seq_lens[-1]: data, not metadata.
-    return _new_rows(call.k_cache, torch.library.get_ctx().new_dynamic_size(), plan.use_fp4_cache)
+    return _new_rows(call.k_cache, torch.library.get_ctx().new_dynamic_size(), plan.value_bytes)
 
 
 def _fake_keys(plan: ReaderPlan, call) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 from . import checks
 from .checks import fail_unsupported, fail_value, pdl_supported
 from .kernels import INTERPRETED
+from .kernels import topk as topk_kernels
 from .kernels.topk import (
     MARGIN_EXTRA,
     MARGIN_SIGMAS,
@@ -50,6 +51,11 @@ MAX_COLS = 2**31 - 2**16
 MAX_SORTED = 16384
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension (the filter's programs)
 
+# Dependent-launch modes (TopKSettings.pdl), the kernels' constexprs as ints.
+PDL_NONE = topk_kernels.PDL_NONE.value
+PDL_EARLY = topk_kernels.PDL_EARLY.value
+PDL_AT_EXIT = topk_kernels.PDL_AT_EXIT.value
+
 # Settings (see topk_settings).
 DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole
 FILTER_STEP = 1024  # columns per step of the filter kernel (8 a thread)
@@ -64,8 +70,9 @@ STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a r
 RADIX_BITS = 8
 RANK_CHUNK = 256  # pairs ranked per program
 RANK_WIDTH = 4  # bucket members compared per step
-# Programmatic dependent launch while the filter's programs leave SMs free (an early
-# launched kernel's programs hold SM resources while they wait); measured in BENCHMARKS.md.
+# The next kernel launched early while the filter's programs leave SMs free (an early
+# launched kernel's programs hold SM room while they wait), else as the programs exit;
+# measured in BENCHMARKS.md.
 PDL_MAX_PROGRAMS = 128
 
 
@@ -87,7 +94,8 @@ class TopKSettings(NamedTuple):
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
-    pdl: bool = False
+    # kernels.topk.PDL_NONE, PDL_EARLY or PDL_AT_EXIT (when the next one may launch).
+    pdl: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -127,9 +135,10 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     the step before waits for its atomics); the select and rank kernels order the
     candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
     values; more for a small sample of a long row) in a block with room for 1.25 times
-    the count the sample's rank predicts, and at least twice ``min(k, cols)``. The kernels
-    launch with programmatic dependent launch (where the GPU has it) while the filter has
-    at most ``PDL_MAX_PROGRAMS`` programs.
+    the count the sample's rank predicts, and at least twice ``min(k, cols)``. With
+    programmatic dependent launch (where the GPU has it), each kernel launches as soon as
+    the previous one starts while the filter has at most ``PDL_MAX_PROGRAMS`` programs,
+    else as the previous one's programs exit.
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -148,7 +157,8 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     steps = max(steps, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
     return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block, _select_warps(block),
-                        RADIX_BITS, split_steps=steps, pdl=rows * splits <= PDL_MAX_PROGRAMS)
+                        RADIX_BITS, split_steps=steps,
+                        pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT)
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
@@ -216,8 +226,8 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     """The kernels' launches for a setting: (sample, filter, filter grid, select, (rank,
     rank grid))."""
     rows, cols, k = plan.rows, plan.cols, plan.k
-    pdl = s.pdl and pdl_supported(plan.device)
-    options = _options(plan.device, pdl)
+    pdl = s.pdl if pdl_supported(plan.device) else PDL_NONE
+    options = _options(plan.device, pdl != PDL_NONE)
     common = dict(row_stride=plan.row_stride, cols=cols, IS_BF16=plan.is_bf16,
                   HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl)
     sample = filter_ = filter_grid = None

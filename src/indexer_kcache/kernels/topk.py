@@ -54,6 +54,13 @@ MARGIN_SIGMAS = tl.constexpr(4.0)
 MARGIN_EXTRA = tl.constexpr(8)
 
 
+# Programmatic dependent launch modes (``USE_PDL``): none, the next kernel launched as
+# soon as this one starts waiting, or as this one's programs exit.
+PDL_NONE: tl.constexpr = tl.constexpr(0)
+PDL_EARLY: tl.constexpr = tl.constexpr(1)
+PDL_AT_EXIT: tl.constexpr = tl.constexpr(2)
+
+
 @triton.constexpr_function
 def _radix_bins(radix_bits):
     """Histogram bins for a digit of ``radix_bits`` bits."""
@@ -235,10 +242,13 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
 @triton.jit
 def _wait_for_previous_kernel(USE_PDL: tl.constexpr):
     """With programmatic dependent launch (sm_90+), a kernel may start before the previous
-    one in the stream has finished: wait for it (everything after reads what it wrote),
-    then let the next kernel start early in turn."""
-    if USE_PDL:
+    one in the stream has finished: wait for it (everything after reads what it wrote).
+    ``PDL_EARLY`` then lets the next kernel launch at once (its programs may take SM room
+    while this one's are still waiting to run); ``PDL_AT_EXIT`` lets it launch as this
+    kernel's programs exit."""
+    if USE_PDL != PDL_NONE:
         tl_cuda.gdc_wait()
+    if USE_PDL == PDL_EARLY:
         tl_cuda.gdc_launch_dependents()
 
 
