@@ -538,6 +538,32 @@ def test_settings_are_deterministic_and_split_long_rows():
     assert small.splits == 4096 // small.block_n
 
 
+def test_settings_pipeline_and_size_programs():
+    """FP8 tile loops pipeline deeper; one FP8 row a program takes longer programs only
+    while all of them stay within PROGRAMS_PER_SM an SM, else at most MAX_TILES tiles."""
+    from indexer_kcache import logits as logits_module
+
+    sms = 132
+    wanted = logits_module.PROGRAMS_PER_SM * sms
+    for batch, cols in [(1, 131072), (8, 32768), (64, 8192), (64, 32768), (128, 65536),
+                        (1024, 2048), (4096, 2048), (600, 4096)]:
+        s = logits_settings(batch, 1, 64, cols, False, 1, sms, interpreted=False)
+        tiles = -(-cols // s.block_n)
+        per_program = -(-tiles // s.splits)
+        assert s.num_stages == logits_module.DEEP_STAGES
+        if per_program > logits_module.MAX_TILES:
+            assert batch * s.splits <= wanted and per_program <= logits_module.MAX_TILES_ONE_WAVE
+    # 64 x 32768: 8 programs a row of 64 tiles; many short rows keep short programs.
+    assert logits_settings(64, 1, 64, 32768, False, 1, sms, interpreted=False).splits == 8
+    assert logits_settings(4096, 1, 64, 2048, False, 1, sms, interpreted=False).splits == 2
+    # MXFP4: deep only with many programs and e4m3 queries; the interpreter: one stage.
+    assert logits_settings(8, 1, 64, 32768, True, 1, sms, interpreted=False).num_stages == 3
+    assert logits_settings(64, 1, 64, 32768, True, 1, sms, interpreted=False).num_stages == 6
+    assert logits_settings(64, 1, 64, 32768, True, 3, sms, interpreted=False).num_stages == 3
+    assert logits_settings(64, 1, 64, 32768, False, 1, sms, native=False,
+                           interpreted=False).num_stages == 2
+
+
 def test_plan_is_frozen_and_complete():
     call, options = make_call("mxfp4", "preshuffle16", "mxfp4", next_n=2, ctx_2d=True)
     plan = check_logits(op_call(call, options))

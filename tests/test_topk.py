@@ -4,6 +4,7 @@ stable sort written here in plain Python, on every kind of row."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import pytest
@@ -393,10 +394,41 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         expected = topk.expected_candidates(cols, k, s.sample_block)
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
-    # Early launches only while the filter's programs leave SMs free.
+    # Early release only while the filter's programs leave SMs free.
     if s.splits:
         early = rows * s.splits <= topk.PDL_MAX_PROGRAMS
         assert s.pdl == (topk.PDL_EARLY if early else topk.PDL_AT_EXIT)
+    else:
+        assert s.pdl == topk.PDL_NONE
+
+
+def test_dependent_launch_rule_at_the_bench_shapes():
+    expected = {(1, 131072): topk.PDL_EARLY, (64, 8192): topk.PDL_AT_EXIT,
+                (64, 65536): topk.PDL_AT_EXIT, (128, 65536): topk.PDL_AT_EXIT,
+                (512, 8192): topk.PDL_AT_EXIT, (4, 4096): topk.PDL_NONE}
+    for (rows, cols), mode in expected.items():
+        assert topk.topk_settings(rows, cols, 2048, interpreted=False).pdl == mode
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["none", "early", "at-exit"])
+def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
+    """Where the GPU has dependent launch, every kernel gets the mode as USE_PDL and the
+    launch option with it (compiled, not run, here); elsewhere neither."""
+    logits = torch.randn(2, 9000)
+    plan = topk.check_topk(topk.top_k_indices_into.op.bind(
+        logits, None, torch.empty(2, 300, dtype=torch.int32)))
+    settings = topk.topk_settings(2, 9000, 300, interpreted=False)._replace(pdl=mode)
+    sample, filter_, _, select, (rank, _) = topk._launches(plan, settings)
+    for launch in (sample, filter_, select, rank):
+        assert launch.state.fixed["USE_PDL"] == topk.PDL_NONE
+        assert "launch_pdl" not in launch.state.launch_options
+    monkeypatch.setattr(topk, "pdl_supported", lambda device: True)
+    monkeypatch.setattr(topk, "INTERPRETED", False)
+    gpu_plan = dataclasses.replace(plan, device=torch.device("cuda", 0), launches={})
+    sample, filter_, _, select, (rank, _) = topk._launches(gpu_plan, settings)
+    for launch in (sample, filter_, select, rank):
+        assert launch.state.fixed["USE_PDL"] == mode
+        assert launch.state.launch_options.get("launch_pdl", False) == (mode != topk.PDL_NONE)
 
 
 @pytest.mark.parametrize("k", [1, 8, 37])

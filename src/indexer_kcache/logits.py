@@ -297,7 +297,8 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     about ``PROGRAMS_PER_SM`` programs per SM, each of ``MIN_TILES`` to ``MAX_TILES``
     tiles (short programs even out the end of the launch; a few more tiles a program for
     several rows, whose queries cost more to load), or, for FP8 keys and one row a
-    program, up to ``MAX_TILES_ONE_WAVE`` tiles when that makes all programs one wave.
+    program, up to ``MAX_TILES_ONE_WAVE`` tiles when that keeps the programs within
+    ``PROGRAMS_PER_SM`` per SM.
     Memory-bound loops pipeline ``DEEP_STAGES`` tiles. Without native dots (float32 tiles
     in registers) a program takes one row and smaller tiles. The measurements behind the
     numbers: BENCHMARKS.md, "The scorer".
@@ -323,14 +324,15 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     per_program = min(max(-(-tiles * row_groups // wanted), least), MAX_TILES)
     many = tiles * row_groups >= 16 * wanted
     if native and (not use_fp4_cache or (many and q_form == Q_E4M3)):
-        # Memory-bound tile loops keep more tiles in flight (MXFP4 ones only when there
-        # are many programs: a short launch of them gains nothing).
+        # Memory-bound tile loops keep more tiles in flight (MXFP4 ones with e4m3 queries
+        # only when there are many programs: a short launch of them gains nothing).
         num_stages = DEEP_STAGES
-    if native and not use_fp4_cache and rows == 1:
-        # Long FP8 programs that all start at once beat several rounds of short ones.
-        one_wave = -(-tiles // max(wanted // row_groups, 1))
-        if MAX_TILES < one_wave <= MAX_TILES_ONE_WAVE:
-            per_program = one_wave
+    if native and not use_fp4_cache and rows == 1 and row_groups <= wanted:
+        # Fewer, longer FP8 programs (at most ``wanted`` in all) beat several rounds of
+        # short ones (measured; see BENCHMARKS.md).
+        one_round = -(-tiles // (wanted // row_groups))
+        if MAX_TILES < one_round <= MAX_TILES_ONE_WAVE:
+            per_program = one_round
     if native and use_fp4_cache and q_form >= Q_E4M3_MX:
         per_program *= 2  # folding the queries costs a program more: fewer, longer ones
     elif max_registers and q_form == Q_E4M3 and many:
@@ -345,7 +347,7 @@ LARGE_MXFP4_REGISTERS = 96
 MIN_TILES = 1
 MIN_TILES_ROWS = 4
 MAX_TILES = 16
-MAX_TILES_ONE_WAVE = 64  # FP8, one row a program: longer programs when they fit in one wave
+MAX_TILES_ONE_WAVE = 64  # FP8, one row a program: longer ones if then PROGRAMS_PER_SM an SM
 DEEP_STAGES = 6  # the tile loop's pipelining depth where memory is the limit
 MAX_DOT_COLUMNS = 256  # the N of one Hopper tensor-core instruction
 FALLBACK_REGISTERS = 128  # the tile loop of one row fits (no spills) with e4m3 queries

@@ -135,10 +135,10 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     the step before waits for its atomics); the select and rank kernels order the
     candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
     values; more for a small sample of a long row) in a block with room for 1.25 times
-    the count the sample's rank predicts, and at least twice ``min(k, cols)``. With
-    programmatic dependent launch (where the GPU has it), each kernel launches as soon as
-    the previous one starts while the filter has at most ``PDL_MAX_PROGRAMS`` programs,
-    else as the previous one's programs exit.
+    the count the sample's rank predicts, and at least twice ``min(k, cols)``. Long rows
+    on a GPU use programmatic dependent launch where the GPU has it: each kernel released
+    early while the filter has at most ``PDL_MAX_PROGRAMS`` programs, else as the previous
+    one's programs exit (rows read whole, and the interpreter, launch plainly).
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -249,7 +249,8 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     select = SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
-        options=_options(plan.device, pdl, s.max_registers), **common, k=k, low_skip=low_skip,
+        options=_options(plan.device, pdl != PDL_NONE, s.max_registers), **common, k=k,
+        low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
         BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
     chunk = min(s.chunk, s.block)

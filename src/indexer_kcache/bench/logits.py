@@ -231,7 +231,7 @@ BOUND = 2e-3  # the contract's: |got - want| <= BOUND * sum_h |w_h| sum_d |q_hd 
 def within_bound(call: dict, fp4: bool, mx: bool) -> bool:
     """Our logits of ``call`` against the torch reference: within the contract's bound
     where finite, ``-inf`` exactly where the reference has it. Run once per timed shape
-    (long tile loops with the timed settings)."""
+    (long tile loops with the timed settings). Row-major caches (the bench's)."""
     args = (call["q"], call["k_cache"], call["weights"], call["context_lens"],
             call["block_table"], call["max_model_len"])
     got = paged_mqa_logits(*args, mx_scales=mx)

@@ -54,8 +54,8 @@ MARGIN_SIGMAS = tl.constexpr(4.0)
 MARGIN_EXTRA = tl.constexpr(8)
 
 
-# Programmatic dependent launch modes (``USE_PDL``): none, the next kernel launched as
-# soon as this one starts waiting, or as this one's programs exit.
+# Programmatic dependent launch modes (``USE_PDL``): none; the next kernel released as
+# soon as every program of this one has passed its wait; or as they exit.
 PDL_NONE: tl.constexpr = tl.constexpr(0)
 PDL_EARLY: tl.constexpr = tl.constexpr(1)
 PDL_AT_EXIT: tl.constexpr = tl.constexpr(2)
@@ -243,9 +243,9 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
 def _wait_for_previous_kernel(USE_PDL: tl.constexpr):
     """With programmatic dependent launch (sm_90+), a kernel may start before the previous
     one in the stream has finished: wait for it (everything after reads what it wrote).
-    ``PDL_EARLY`` then lets the next kernel launch at once (its programs may take SM room
-    while this one's are still waiting to run); ``PDL_AT_EXIT`` lets it launch as this
-    kernel's programs exit."""
+    ``PDL_EARLY`` then releases the next kernel (it launches once every program of this
+    one has done so; its programs, waiting in turn, hold SM room while this one's still
+    run); ``PDL_AT_EXIT`` leaves the release to this kernel's programs' exit."""
     if USE_PDL != PDL_NONE:
         tl_cuda.gdc_wait()
     if USE_PDL == PDL_EARLY:
