@@ -20,7 +20,7 @@ from ..logits import paged_mqa_logits
 from ..reference import logits as reference_logits
 from ..reference.cache import E2M1_VALUES
 from .store import STORE_ARGS, make_inputs
-from .timing import event_time_us, graph_time_us, progress, pyplot
+from .timing import event_time_us, graph_time_us, progress, pyplot, save_plot
 
 BLOCK = 64
 HEADS = 64
@@ -333,8 +333,4 @@ def plot(result: dict, path: str) -> bool:
                   [f"{b}x{c}" for b, c in shapes])
     ax.set_ylabel("% of copy bandwidth (cache bytes / time)")
     ax.set_title(f"paged MQA logits, H = {HEADS}, on {result['gpu']}")
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return save_plot(fig, ax, path, legend_size=7)

@@ -27,6 +27,7 @@ from .timing import (
     graph_time_us,
     progress,
     pyplot,
+    save_plot,
 )
 
 FORMATS = layout.FORMATS
@@ -301,8 +302,4 @@ def plot(result: dict, path: str) -> bool:
     ax.set_xlabel("tokens per call")
     ax.set_ylabel("GPU time per call (us, CUDA-graph replay)")
     ax.set_title(f"indexer K store on {result['gpu']}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return save_plot(fig, ax, path, grid="both", legend_size=7)

@@ -144,3 +144,15 @@ def pyplot():
     except ImportError:
         return None
     return plt
+
+
+def save_plot(fig, ax, path: str, *, grid: str = "y", legend_size: int | None = None) -> bool:
+    """The bench plots' common finish: legend, grid, layout, a PNG at ``path``."""
+    ax.legend(fontsize=legend_size)
+    if grid == "both":
+        ax.grid(True, which="both", alpha=0.3)
+    else:
+        ax.grid(True, axis=grid, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True

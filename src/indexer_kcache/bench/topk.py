@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..topk import top_k_indices
-from .timing import graph_time_us, progress, pyplot
+from .timing import graph_time_us, progress, pyplot, save_plot
 
 SHAPES = ((1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192))
 K = 2048
@@ -74,8 +74,4 @@ def plot(result: dict, path: str) -> bool:
     ax.set_xticks([j + 0.2 for j in range(len(shapes))], [f"{r}x{c}" for r, c in shapes])
     ax.set_ylabel(f"GPU time per call, k = {rows[0]['k']} (us)")
     ax.set_title(f"top-k selection on {result['gpu']}")
-    ax.legend()
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return save_plot(fig, ax, path)
