@@ -334,6 +334,46 @@ def test_native_path_arithmetic_under_the_interpreter(fmt, layout_name, q_form, 
     assert_close(run_native(call, options, VARIANTS[variant]), want, bound)
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="the GPU's own native path is tested above")
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "e4m3"), ("mxfp4", "mxfp4"),
+                                         ("fp8-mx", "e4m3-mx")])
+def test_relu_by_abs_gives_the_same_logits(fmt, q_form):
+    """``relu(x) w`` computed as ``(x + |x|) (w / 2)`` (a launch setting of the stacked
+    form): the same logits, bit for bit, NaN and -inf included."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=2, heads=8, seed=5)
+    arguments = op_call(call, options)
+    plan = dataclasses.replace(check_logits(arguments), native=True)
+    settings = logits_settings(plan.batch, plan.next_n, plan.heads, plan.num_cols,
+                               plan.use_fp4_cache, plan.q_form, plan.sm_count, INTERPRETED,
+                               True)
+    outs = []
+    for relu_by_abs in (False, True):
+        arguments.out.fill_(7.0)
+        with logits_settings.override(settings._replace(relu_by_abs=relu_by_abs)):
+            run_logits(plan, arguments)
+        outs.append(arguments.out.clone())
+    assert torch.equal(outs[0].isnan(), outs[1].isnan())
+    assert torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["none", "early", "at-exit"])
+def test_dependent_launch_mode_reaches_the_launch(monkeypatch, mode):
+    """Where the GPU has dependent launch, the kernel gets the mode as USE_PDL and the
+    launch option with it (built, not run, here); elsewhere neither."""
+    from indexer_kcache import logits as logits_module
+
+    call, options = make_call("fp8", "row-major", "e4m3", seed=2)
+    plan = check_logits(op_call(call, options))
+    settings = logits_module.settings_for(plan)._replace(pdl=mode)
+    launch, _ = logits_module._logits_launch(plan, settings, True)
+    assert launch.state.fixed["USE_PDL"] == 0
+    assert "launch_pdl" not in launch.state.launch_options
+    monkeypatch.setattr(logits_module.checks, "pdl_supported", lambda device: True)
+    launch, _ = logits_module._logits_launch(plan, settings, True)
+    assert launch.state.fixed["USE_PDL"] == mode
+    assert launch.state.launch_options.get("launch_pdl", False) == (mode != 0)
+
+
 @pytest.mark.parametrize("next_n, heads, ctx_2d", [(1, 16, False), (3, 3, True), (4, 20, False)],
                          ids=["n1-h16", "n3-h3-ctx_2d", "n4-h20"])
 @pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "mxfp4"), ("fp8-mx", "e4m3-mx")],

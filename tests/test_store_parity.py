@@ -512,7 +512,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         src = ASTSource(fn=kernel, signature=sig, constexprs={
             (kernel.arg_names.index(name),): value for name, value in constexprs.items()})
         if target.backend == "cuda":
-            options.update(enable_fp_fusion=False, launch_pdl=constexprs.get("USE_PDL", False))
+            options.update(enable_fp_fusion=False, launch_pdl=bool(constexprs.get("USE_PDL")))
         triton.compile(src, target=target, options=options)
 
     store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
@@ -548,6 +548,25 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                  dict(USE_FP4=True, MX_SCALES=False, LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=32,
                       D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=False,
                       DEQUANTIZE=True, BLOCK_R=32), target, num_warps=4)
+    # The scorer (MXFP4 keys, e4m3 queries, the stacked form, launched dependently) and a
+    # top-k kernel launched dependently: their PDL waits and options compile.
+    from indexer_kcache.kernels.logits import paged_mqa_logits_kernel
+    from indexer_kcache.kernels.topk import topk_rank_kernel
+
+    pointers = dict(q_ptr="*u8", qs_ptr="*i32", w_ptr="*fp32", cache_ptr="*u8", ctx_ptr="*i32",
+                    table_ptr="*i32", out_ptr="*fp32")
+    constexprs = dict(NEXT_N=1, ROWS=1, CTX_2D=False, Q_FORM=1, W_BF16=False, USE_FP4=True,
+                      MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
+                      BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
+                      SCALE_WORDS=True, VARIANT=1, WARPS=4, HAS_BLOCKS=True, USE_PDL=2,
+                      RELU_BY_ABS=True)
+    scalars = {name: "i32" for name in paged_mqa_logits_kernel.arg_names
+               if name not in pointers and name not in constexprs}
+    compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,
+             num_stages=6, maxnreg=96)
+    compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
+                                    out_ptr="*i32", out_row_stride="i32"),
+             dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)
     print("compiled")
 """)
 
@@ -558,7 +577,7 @@ def test_kernels_compile_for_sm90_sm100_and_gfx942_without_a_gpu():
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
-    TRITON_INTERPRET. Nothing runs."""
+    TRITON_INTERPRET; and the scorer and a top-k kernel for sm_90. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")

@@ -72,6 +72,11 @@ class LogitsSettings(NamedTuple):
     # the stacked form (keys or queries per group) need more than its tile loop, and more
     # programs fit on an SM when they spill instead.
     max_registers: int = 0
+    # Programmatic dependent launch on NVIDIA sm_90+ (a kernels.dependent_launch mode).
+    pdl: int = 0
+    # relu(x) w as (x + |x|) (w / 2) in the stacked form (not for bf16 queries): fewer
+    # instructions on the pipe the MXFP4 decoding keeps busy.
+    relu_by_abs: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -387,9 +392,12 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
                    ) -> tuple[Launch, tuple[int, int, int]]:
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
-    options = {"maxnreg": settings.max_registers} if settings.max_registers else None
+    options = {"maxnreg": settings.max_registers} if settings.max_registers else {}
+    pdl = settings.pdl if checks.pdl_supported(plan.device) else 0
+    if pdl:
+        options["launch_pdl"] = True
     launch = LOGITS_KERNEL.launch(
-        plan.device, num_warps=settings.num_warps, options=options, **plan.strides,
+        plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
         chunk=chunk, tail_chunk=tail_chunk, heads=plan.heads,
         NEXT_N=plan.next_n, ROWS=settings.rows, CTX_2D=plan.ctx_2d, Q_FORM=plan.q_form,
@@ -401,7 +409,9 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         VARIANT=settings.variant,
         # Warps along the keys (MXFP4 rows are laid out for them; extra warps split columns).
         WARPS=min(settings.num_warps, max(settings.block_n // 16, 1)),
-        HAS_BLOCKS=plan.num_blocks > 0)
+        HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
+        RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
+                     and settings.variant == VARIANT_STACKED))
     return launch, (plan.batch * row_groups, splits, 1)
 
 

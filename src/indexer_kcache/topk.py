@@ -19,8 +19,7 @@ import torch
 
 from . import checks
 from .checks import fail_unsupported, fail_value, pdl_supported
-from .kernels import INTERPRETED
-from .kernels import topk as topk_kernels
+from .kernels import INTERPRETED, dependent_launch
 from .kernels.topk import (
     MARGIN_EXTRA,
     MARGIN_SIGMAS,
@@ -52,9 +51,9 @@ MAX_SORTED = 16384
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension (the filter's programs)
 
 # Dependent-launch modes (TopKSettings.pdl), the kernels' constexprs as ints.
-PDL_NONE = topk_kernels.PDL_NONE.value
-PDL_EARLY = topk_kernels.PDL_EARLY.value
-PDL_AT_EXIT = topk_kernels.PDL_AT_EXIT.value
+PDL_NONE = dependent_launch.PDL_NONE.value
+PDL_EARLY = dependent_launch.PDL_EARLY.value
+PDL_AT_EXIT = dependent_launch.PDL_AT_EXIT.value
 
 # Settings (see topk_settings).
 DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole
@@ -94,7 +93,7 @@ class TopKSettings(NamedTuple):
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
-    # kernels.topk.PDL_NONE, PDL_EARLY or PDL_AT_EXIT (when the next one may launch).
+    # PDL_NONE, PDL_EARLY or PDL_AT_EXIT (kernels.dependent_launch).
     pdl: int = 0
 
 

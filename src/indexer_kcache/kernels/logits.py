@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ..layout import scale_offset_tl, value_offset_tl
+from .dependent_launch import wait_for_previous_kernel
 from .numerics import e2m1_to_float, e4m3_to_float, pow2, ue8m0_to_float
 
 # Query forms (``Q_FORM``).
@@ -958,7 +959,8 @@ def _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM: tl.constexpr, BLOCK_N: tl.co
 @triton.jit
 def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
                  GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, Q_FORM: tl.constexpr,
-                 BLOCK_N: tl.constexpr, RP: tl.constexpr, HP: tl.constexpr):
+                 BLOCK_N: tl.constexpr, RP: tl.constexpr, HP: tl.constexpr,
+                 RELU_BY_ABS: tl.constexpr):
     """The logits ``[BLOCK_N, RP]`` of a tile for the program's rows.
 
     MXFP4 keys, not ``GROUPED``: each key's group exponents ``e_g`` give ``k_g =
@@ -992,7 +994,13 @@ def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
             acc = _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM, BLOCK_N, RH)
         else:
             acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
-    terms = tl.reshape(_relu(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
+    if RELU_BY_ABS:
+        # relu(x) w = (x + |x|) (w / 2), exactly (x finite, as it is for e4m3 and E2M1
+        # queries): an add instead of a max, which runs on a busier pipe.
+        terms = tl.reshape(acc + tl.abs(acc), [BLOCK_N, RP, HP]) * tl.reshape(w * 0.5,
+                                                                                [1, RP, HP])
+    else:
+        terms = tl.reshape(_relu(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
     # FP8: the key's scale, a positive power of two; MXFP4: its largest group scale.
     return tl.sum(terms, axis=2) * key_factor[:, None]
 
@@ -1020,7 +1028,8 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
              SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
              NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
              GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, RP: tl.constexpr,
-             HP: tl.constexpr, WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr):
+             HP: tl.constexpr, WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr,
+             RELU_BY_ABS: tl.constexpr):
     """The tile loop of the stacked form over positions ``[col_lo, hi)``. MXFP4 keys, not
     ``GROUPED``: returns 1.0 when some logit written was NaN (a key the fold cannot score
     exactly, or a poisoned one), else 0.0; otherwise 0.0."""
@@ -1031,7 +1040,7 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
                             SCALE_WORDS, WARPS,
                         HAS_BLOCKS)
         scores = _tile_scores(tile, q_op, w, q_scales, USE_FP4, GROUPED, GROUPED_Q,
-                              Q_FORM, BLOCK_N, RP, HP)
+                              Q_FORM, BLOCK_N, RP, HP, RELU_BY_ABS)
         value = _store_rows(out_ptr, out_sr, row_base, tile[0], col_hi, scores, tile[1], limit,
                             valid, CLEAN, RP)
         if USE_FP4 and not GROUPED:
@@ -1050,7 +1059,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                  SCALE_LANES: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr,
                  NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
-                 WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr):
+                 WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr,
+                 RELU_BY_ABS: tl.constexpr):
     """The program's rows scored one at a time per 32-dim group, exact for every input:
     MXFP4 keys per key group; scaled queries folded (``FOLD_Q``) or per query group.
     One row at a time keeps the per-group partial sums few. Each row is written over the
@@ -1068,7 +1078,7 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                      row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, limit, valid,
                      FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
-                     WARPS, HAS_BLOCKS)
+                     WARPS, HAS_BLOCKS, RELU_BY_ABS)
         else:
             q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads, d,
                                NEXT_N, 1, Q_FORM, HP, HP, False)
@@ -1079,7 +1089,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                      row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid,
                      Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
                          BLOCK_N,
-                     NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS, HAS_BLOCKS)
+                     NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS, HAS_BLOCKS,
+                     RELU_BY_ABS)
 
 
 @triton.jit
@@ -1092,7 +1103,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                 SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                 HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
-                HAS_BLOCKS: tl.constexpr):
+                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr):
     """The stacked form of one program; returns ``hi`` (the end of the scored positions).
 
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
@@ -1126,7 +1137,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                             USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
                                 BLOCK_N,
                             NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
-                            HAS_BLOCKS)
+                            HAS_BLOCKS, RELU_BY_ABS)
         if USE_FP4:
             if nan_seen != 0:
                 _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
@@ -1135,7 +1146,8 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                              col_lo, hi, col_hi, d, w_fold, NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16,
                              USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
                                  HP, BLOCK_N,
-                             NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, True, HAS_BLOCKS)
+                             NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, True, HAS_BLOCKS,
+                             RELU_BY_ABS)
     else:
         _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
                      page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr,
@@ -1143,7 +1155,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                      NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                          D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, False,
-                     HAS_BLOCKS)
+                     HAS_BLOCKS, RELU_BY_ABS)
     return hi
 
 
@@ -1179,6 +1191,8 @@ def paged_mqa_logits_kernel(
     VARIANT: tl.constexpr,
     WARPS: tl.constexpr,
     HAS_BLOCKS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    RELU_BY_ABS: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1189,8 +1203,11 @@ def paged_mqa_logits_kernel(
     (a key's four scale bytes load as one int32). ``HAS_BLOCKS``: ``num_blocks >= 1`` (block
     0 can stand in for an invalid block id, so reads of whole pages need no mask).
     ``VARIANT``: the launch form (``VARIANT_ROWS``, ``VARIANT_STACKED``; native only);
-    ``WARPS``: the warps along the keys."""
+    ``WARPS``: the warps along the keys. ``USE_PDL``: a ``dependent_launch`` mode.
+    ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) (w / 2)``."""
+    wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
+    tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
     tl.static_assert(HP >= 16 and BLOCK_N >= 16)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
     tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
@@ -1212,7 +1229,7 @@ def paged_mqa_logits_kernel(
                          NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT,
                          N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
                              SCALE_WORDS,
-                         WARPS, HAS_BLOCKS)
+                         WARPS, HAS_BLOCKS, RELU_BY_ABS)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.

@@ -8,10 +8,10 @@ One program handles ``BLOCK_T`` consecutive tokens (``BLOCK_T`` token pairs when
 
 import triton
 import triton.language as tl
-from triton.language.extra import cuda as tl_cuda
 
 from .. import layout
 from ..layout import scale_offset_tl, value_offset_tl
+from .dependent_launch import wait_for_previous_kernel
 from .numerics import (
     ceil_log2_of_ratio,
     e2m1_pair,
@@ -341,9 +341,7 @@ def indexer_k_store_kernel(
         and layout.SCALE_BYTES % SCALE_LANES == 0))
     tl.static_assert(LAYOUT != layout.FP8_TILED or BLOCK_SIZE % layout.TILE_TOKENS == 0)
     tl.static_assert(not (COMPACT and EAGER_LOADS))
-    if USE_PDL:  # everything below may read what the previous kernel wrote
-        tl_cuda.gdc_wait()
-        tl_cuda.gdc_launch_dependents()
+    wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     element = _element_index()
     # Latency-bound launches (few tokens per program) start the weight's load first, off
     # the critical path; bandwidth-bound ones load it where it is used, from the bare

@@ -37,7 +37,8 @@ only inside its buffers, whatever the lengths say.
 
 import triton
 import triton.language as tl
-from triton.language.extra import cuda as tl_cuda
+
+from .dependent_launch import wait_for_previous_kernel
 
 SIGN_BIT = tl.constexpr(0x80000000)
 ABS_MASK = tl.constexpr(0x7FFFFFFF)
@@ -52,13 +53,6 @@ SCAN_WIDTH = 16
 # wanted count, rarely below it or past twice it.
 MARGIN_SIGMAS = tl.constexpr(4.0)
 MARGIN_EXTRA = tl.constexpr(8)
-
-
-# Programmatic dependent launch modes (``USE_PDL``): none; the next kernel released as
-# soon as every program of this one has passed its wait; or as they exit.
-PDL_NONE: tl.constexpr = tl.constexpr(0)
-PDL_EARLY: tl.constexpr = tl.constexpr(1)
-PDL_AT_EXIT: tl.constexpr = tl.constexpr(2)
 
 
 @triton.constexpr_function
@@ -239,19 +233,6 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
             written += tl.sum(take.to(tl.int32), 0)
 
 
-@triton.jit
-def _wait_for_previous_kernel(USE_PDL: tl.constexpr):
-    """With programmatic dependent launch (sm_90+), a kernel may start before the previous
-    one in the stream has finished: wait for it (everything after reads what it wrote).
-    ``PDL_EARLY`` then releases the next kernel (it launches once every program of this
-    one has done so; its programs, waiting in turn, hold SM room while this one's still
-    run); ``PDL_AT_EXIT`` leaves the release to this kernel's programs' exit."""
-    if USE_PDL != PDL_NONE:
-        tl_cuda.gdc_wait()
-    if USE_PDL == PDL_EARLY:
-        tl_cuda.gdc_launch_dependents()
-
-
 @triton.jit(do_not_specialize=["cols", "k", "sample_stride"])
 def topk_sample_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k,
@@ -276,7 +257,7 @@ def topk_sample_kernel(
     so that the row's elements at or above it are usually a little more than ``want``. 0
     (every element) when the sample is too small for ``r``.
     """
-    _wait_for_previous_kernel(USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -340,7 +321,7 @@ def topk_filter_kernel(
 
     Each step's block is loaded a step ahead, so that the load is in flight while the step
     before waits for its atomic (``split_cols`` is a multiple of ``BLOCK``)."""
-    _wait_for_previous_kernel(USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -531,7 +512,7 @@ def topk_select_kernel(
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
     radix tie passes start below them.
     """
-    _wait_for_previous_kernel(USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
@@ -581,7 +562,7 @@ def topk_rank_kernel(
     the select kernel, those below its ``end`` (``meta[row, 2]``), each as its bucket's
     start plus the number of its bucket's pairs above it (``WIDTH`` compared a step), and
     writes ``out[row, rank] = column`` for the ranks below ``want`` (``meta[row, 3]``)."""
-    _wait_for_previous_kernel(USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * CHUNK
     meta_row_ptr = meta_ptr + row * 4
