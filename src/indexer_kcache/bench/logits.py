@@ -92,7 +92,7 @@ def make_calls(fmt: str, q_form: str, batch: int, context: int, next_n: int, dev
     fp4, mx = layout.FORMATS[fmt]
     blocks = -(-context // BLOCK)
     nbytes = batch * context * layout.cache_row_bytes(fp4)
-    rotations = max(1, min(64, -(-ROTATION_BYTES // nbytes)))
+    rotations = max(1, min(256, -(-ROTATION_BYTES // nbytes)))
     cache = big_cache(fmt, rotations * batch * blocks, device, seed)
     g = torch.Generator(device=device).manual_seed(seed)
     order = torch.randperm(cache.shape[0], generator=g, device=device).to(torch.int32)

@@ -17,9 +17,11 @@ def graph_time_us(fn: Callable[[], None] | Sequence[Callable[[], None]], calls: 
     """Median GPU time per call over replays of one CUDA graph holding ``calls`` calls.
 
     Given several functions (the same call on different inputs), the graph cycles through
-    them: inputs whose total exceeds the L2 cache make every call read from device memory.
+    them, each at least once (``calls`` grows to their number): inputs whose total exceeds
+    the L2 cache make every call read from device memory.
     """
     fns = list(fn) if isinstance(fn, Sequence) else [fn]
+    calls = max(calls, len(fns))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -18,7 +18,7 @@ ROTATION_BYTES = 256 << 20
 def make_logits(rows: int, cols: int, device, seed: int = 0) -> list[torch.Tensor]:
     """Random normal fp32 logits, enough buffers to exceed ``ROTATION_BYTES`` together."""
     g = torch.Generator(device=device).manual_seed(seed)
-    count = max(1, min(64, -(-ROTATION_BYTES // (rows * cols * 4))))
+    count = max(1, min(256, -(-ROTATION_BYTES // (rows * cols * 4))))
     return [torch.randn(rows, cols, generator=g, device=device) for _ in range(count)]
 
 
