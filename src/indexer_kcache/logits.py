@@ -74,8 +74,8 @@ class LogitsSettings(NamedTuple):
     max_registers: int = 0
     # Programmatic dependent launch on NVIDIA sm_90+ (a kernels.dependent_launch mode).
     pdl: int = 0
-    # relu(x) w as (x + |x|) (w / 2) in the stacked form (not for bf16 queries): fewer
-    # instructions on the pipe the MXFP4 decoding keeps busy.
+    # relu(x) w as (x + |x|) w / 2 in the stacked form's unscaled dots (not for bf16
+    # queries): fewer instructions on the pipe the MXFP4 decoding keeps busy.
     relu_by_abs: bool = False
 
 

@@ -994,11 +994,13 @@ def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
             acc = _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM, BLOCK_N, RH)
         else:
             acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
-    if RELU_BY_ABS:
-        # relu(x) w = (x + |x|) (w / 2), exactly (x finite, as it is for e4m3 and E2M1
-        # queries): an add instead of a max, which runs on a busier pipe.
-        terms = tl.reshape(acc + tl.abs(acc), [BLOCK_N, RP, HP]) * tl.reshape(w * 0.5,
-                                                                                [1, RP, HP])
+    if RELU_BY_ABS and not GROUPED and not GROUPED_Q:
+        # (x + |x|) w = 2 relu(x) w for the finite x of one unscaled dot, the 2 taken back
+        # with the key's factor: the same logits unless a term is subnormal. An add
+        # instead of a max, off the pipe the decoding keeps busy. (The per-group paths
+        # scale their partial sums, which may overflow: they keep the max.)
+        terms = tl.reshape(acc + tl.abs(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
+        key_factor = key_factor * 0.5
     else:
         terms = tl.reshape(_relu(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
     # FP8: the key's scale, a positive power of two; MXFP4: its largest group scale.
@@ -1204,7 +1206,7 @@ def paged_mqa_logits_kernel(
     0 can stand in for an invalid block id, so reads of whole pages need no mask).
     ``VARIANT``: the launch form (``VARIANT_ROWS``, ``VARIANT_STACKED``; native only);
     ``WARPS``: the warps along the keys. ``USE_PDL``: a ``dependent_launch`` mode.
-    ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) (w / 2)``."""
+    ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``."""
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
     tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
