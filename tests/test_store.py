@@ -216,6 +216,7 @@ def _setting_id(setting):
             + f"-compact{ranges}" * compact)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("page_pad", [24, 0], ids=["padded-pages", "packed-pages"])
 @pytest.mark.parametrize("setting", GPU_SETTINGS, ids=_setting_id)
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
