@@ -9,7 +9,6 @@ checked against the default's logits first).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -59,10 +58,7 @@ def main():
             records.append(dict(format=fmt, q_format=q_form, batch=batch, context=context,
                                 bytes=nbytes, default=default._asdict(), results=results))
             del calls
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_scorer_launch.json"), "w") as f:
-        json.dump(dict(copy_GBps=copy, records=records), f, indent=1)
-    print(f"copy {copy:.0f} GB/s")
-    print("\n".join(lines))
+    logits_gpu.report("exp_scorer_launch", copy, records, lines)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ larger than the L2).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 
@@ -53,10 +52,7 @@ def main():
                             results=results))
         del calls
         print(lines[-1], flush=True)
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_scorer_stages.json"), "w") as f:
-        json.dump(dict(copy_GBps=copy, records=records), f, indent=1)
-    print(f"copy {copy:.0f} GB/s")
-    print("\n".join(lines))
+    logits_gpu.report("exp_scorer_stages", copy, records, lines)
 
 
 if __name__ == "__main__":

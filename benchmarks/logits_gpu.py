@@ -329,6 +329,14 @@ def time_shape(fmt, q_form, batch, context, next_n, quick, records, copy, budget
         disagree=not all(a for _, _, a in results))
 
 
+def report(name: str, copy: float, records: list, lines: list[str]) -> None:
+    """An experiment's end: its records to ``$OUT/<name>.json``, its table printed last."""
+    with open(os.path.join(os.environ.get("OUT", "."), f"{name}.json"), "w") as f:
+        json.dump(dict(copy_GBps=copy, records=records), f, indent=1)
+    print(f"copy {copy:.0f} GB/s")
+    print("\n".join(lines))
+
+
 def pct(nbytes, us, copy):
     return 100 * nbytes / us / 1e3 / copy if us else None
 
