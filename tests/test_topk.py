@@ -423,7 +423,6 @@ def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
         assert launch.state.fixed["USE_PDL"] == topk.PDL_NONE
         assert "launch_pdl" not in launch.state.launch_options
     monkeypatch.setattr(topk, "pdl_supported", lambda device: True)
-    monkeypatch.setattr(topk, "INTERPRETED", False)
     gpu_plan = dataclasses.replace(plan, device=torch.device("cuda", 0), launches={})
     sample, filter_, _, select, (rank, _) = topk._launches(gpu_plan, settings)
     for launch in (sample, filter_, select, rank):

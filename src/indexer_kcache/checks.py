@@ -212,3 +212,13 @@ def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: NVIDIA sm_90 and newer, compiled kernels only."""
     capability = nvidia_capability(device)
     return capability is not None and capability >= (9, 0)
+
+
+def nvidia_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
+    """Launch options of Triton's NVIDIA backend (others reject them by name): dependent
+    launch (``pdl``, already resolved against ``pdl_supported``) and a register cap (on an
+    NVIDIA GPU, ``nvidia``)."""
+    options = {"launch_pdl": True} if pdl else {}
+    if nvidia and max_registers:
+        options["maxnreg"] = max_registers
+    return options

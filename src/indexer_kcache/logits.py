@@ -392,10 +392,9 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
                    ) -> tuple[Launch, tuple[int, int, int]]:
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
-    options = {"maxnreg": settings.max_registers} if settings.max_registers else {}
     pdl = settings.pdl if checks.pdl_supported(plan.device) else 0
-    if pdl:
-        options["launch_pdl"] = True
+    options = checks.nvidia_options(checks.nvidia_capability(plan.device) is not None, pdl != 0,
+                                    settings.max_registers)
     launch = LOGITS_KERNEL.launch(
         plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,

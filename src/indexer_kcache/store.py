@@ -192,12 +192,8 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
 def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
     """Triton options for the store's compiled launch. PDL and the register cap are
     options of Triton's NVIDIA backend only: others reject them by name."""
-    options = {"enable_fp_fusion": False}  # no fused multiply-adds: the reference's rounding
-    if nvidia:
-        options["launch_pdl"] = pdl
-        if max_registers:
-            options["maxnreg"] = max_registers
-    return options
+    # No fused multiply-adds: the reference's rounding.
+    return {"enable_fp_fusion": False, **checks.nvidia_options(nvidia, pdl, max_registers)}
 
 
 def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:

@@ -210,23 +210,13 @@ def check_topk(call) -> TopKPlan:
                     lengths is not None, logits.stride(0), out.stride(0))
 
 
-def _options(device: torch.device, pdl: bool, max_registers: int = 0) -> dict | None:
-    """Triton's launch options of a kernel: programmatic dependent launch and a register
-    cap, options of its NVIDIA backend only."""
-    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
-        return None
-    options = {"launch_pdl": True} if pdl else {}
-    if max_registers:
-        options["maxnreg"] = max_registers
-    return options or None
-
-
 def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     """The kernels' launches for a setting: (sample, filter, filter grid, select, (rank,
     rank grid))."""
     rows, cols, k = plan.rows, plan.cols, plan.k
     pdl = s.pdl if pdl_supported(plan.device) else PDL_NONE
-    options = _options(plan.device, pdl != PDL_NONE)
+    nvidia = checks.nvidia_capability(plan.device) is not None
+    options = checks.nvidia_options(nvidia, pdl != PDL_NONE, 0) or None
     common = dict(row_stride=plan.row_stride, cols=cols, IS_BF16=plan.is_bf16,
                   HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl)
     sample = filter_ = filter_grid = None
@@ -248,7 +238,8 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     select = SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
-        options=_options(plan.device, pdl != PDL_NONE, s.max_registers), **common, k=k,
+        options=checks.nvidia_options(nvidia, pdl != PDL_NONE, s.max_registers) or None,
+        **common, k=k,
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
         BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
