@@ -51,7 +51,6 @@ from indexer_kcache.reference import logits as reference_logits
 DEV = "cuda"  # a CPU dry run of the checks can set it to "cpu" (with TRITON_INTERPRET=1)
 BLOCK = 64
 HEADS = 64
-BOUND = 2e-3
 SHAPES = [(1, 4096, 1), (1, 131072, 1), (8, 32768, 1), (64, 8192, 1), (64, 32768, 1),
           (128, 65536, 1), (64, 8192, 4), (64, 32768, 4)]
 PEER_SHAPES = {(1, 4096), (1, 131072), (8, 32768), (64, 8192)}  # the unfused torch peer
@@ -219,12 +218,9 @@ def check_case(fmt, q_form, next_n, *, shuffle=False, n=0, ctx_2d=False, seed=0,
     with logits_settings.override(settings):
         got = paged_mqa_logits(*args, backend="triton", **options)
     want = paged_mqa_logits(*args, backend="reference", **options)
-    qf = reference_logits.dequantize_q(q).double()
     keys, _ = reference_logits.sequence_keys(cache, table, plan.num_cols, fp4, plan.mx_scales,
                                              plan.layout, plan.n_per_tile)
-    per_head = torch.einsum("bihd,btd->biht", qf.abs(), keys.double().abs())
-    w = weights.double().abs().view(batch, next_n, heads, 1)
-    bound = BOUND * (w * per_head).sum(2).reshape(batch * next_n, -1)
+    bound = bench_logits.contract_bound(q, keys, weights, torch.float64)
     finite = torch.isfinite(want[:, :plan.num_cols])
     err = (got[:, :plan.num_cols].double() - want[:, :plan.num_cols].double()).abs()
     slack = bound + 1e-6 * want[:, :plan.num_cols].double().abs()  # want is float32

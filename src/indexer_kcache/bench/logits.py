@@ -228,6 +228,18 @@ def baseline(call: dict, fp4: bool):
 BOUND = 2e-3  # the contract's: |got - want| <= BOUND * sum_h |w_h| sum_d |q_hd K_td|
 
 
+def contract_bound(q, keys: torch.Tensor, weights: torch.Tensor,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The bound ``BOUND * sum_h |w_h| sum_d |q_hd K_td|`` of every row and position,
+    ``[B * next_n, T]``, from the queries (any form), the dequantized keys ``[B, T, 128]``
+    and the weights, computed in ``dtype``."""
+    q = reference_logits.dequantize_q(q).to(dtype).abs()
+    batch, next_n, heads, _ = q.shape
+    per_head = torch.einsum("bihd,btd->biht", q, keys.to(dtype).abs())
+    w = weights.to(dtype).abs().view(batch, next_n, heads, 1)
+    return BOUND * (w * per_head).sum(2).reshape(batch * next_n, -1)
+
+
 def within_bound(call: dict, fp4: bool, mx: bool) -> bool:
     """Our logits of ``call`` against the torch reference: within the contract's bound
     where finite, ``-inf`` exactly where the reference has it. Run once per timed shape
@@ -238,13 +250,8 @@ def within_bound(call: dict, fp4: bool, mx: bool) -> bool:
     want = paged_mqa_logits(*args, mx_scales=mx, backend="reference")
     keys, _ = reference_logits.sequence_keys(call["k_cache"], call["block_table"],
                                              call["max_model_len"], fp4, mx, 0, 0)
-    q = reference_logits.dequantize_q(call["q"]).abs()
-    batch, next_n, heads, _ = q.shape
-    per_head = torch.einsum("bihd,btd->biht", q, keys.abs())
+    bound = contract_bound(call["q"], keys, call["weights"])
     del keys
-    w = call["weights"].float().abs().view(batch, next_n, heads, 1)
-    bound = BOUND * (w * per_head).sum(2).reshape(batch * next_n, -1)
-    del per_head
     finite = torch.isfinite(want)
     err = (got - want).abs()
     return (torch.equal(torch.isneginf(got), torch.isneginf(want))
