@@ -208,6 +208,13 @@ def nvidia_capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device)
 
 
+def native_fp8(device: torch.device) -> bool:
+    """e4m3 conversions and FP8 tensor-core dots in hardware: NVIDIA sm_89 and newer,
+    compiled kernels only."""
+    capability = nvidia_capability(device)
+    return capability is not None and capability >= (8, 9)
+
+
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: NVIDIA sm_90 and newer, compiled kernels only."""
     capability = nvidia_capability(device)

@@ -192,9 +192,7 @@ def native_dots(device: torch.device) -> bool:
     """FP8 and bf16 tensor-core dots with in-register MXFP4 decoding (inline PTX): NVIDIA
     GPUs of compute capability 8.9 and newer. Elsewhere (the interpreter, ROCm, older
     NVIDIA GPUs) the kernel decodes to float32 and uses float32 dots."""
-    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    return checks.native_fp8(device)
 
 
 def check_logits(call) -> LogitsPlan:

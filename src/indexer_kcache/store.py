@@ -72,8 +72,7 @@ def exact_casts_needed(device: torch.device) -> bool:
     Native e4m3 conversion exists on NVIDIA sm_89 and newer; elsewhere (the interpreter,
     ROCm, older NVIDIA) the portable conversions are the ones known to be exact.
     """
-    capability = checks.nvidia_capability(device)
-    return capability is None or capability < (8, 9)
+    return not checks.native_fp8(device)
 
 
 def check_token_counts(call) -> int:
