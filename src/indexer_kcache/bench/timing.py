@@ -134,8 +134,6 @@ def progress(items, desc: str):
         return items
 
 
-
-
 def pyplot():
     """matplotlib's pyplot, drawing to files (Agg), or None where matplotlib is missing."""
     try:
