@@ -620,6 +620,28 @@ def test_settings_pipeline_and_size_programs():
                            interpreted=False).num_stages == 2
 
 
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
+def test_settings_dependent_launch_by_program_count(fp4):
+    """Released at once while the programs fit on the SMs, as they exit while they fit
+    PROGRAMS_PER_SM an SM, plain launches beyond; relu by |x| for MXFP4 keys only."""
+    from indexer_kcache import logits as logits_module
+
+    sms = 132
+    wanted = logits_module.PROGRAMS_PER_SM * sms
+    seen = set()
+    for batch, cols in [(1, 4096), (1, 131072), (8, 32768), (64, 8192), (64, 32768),
+                        (128, 65536), (4096, 2048)]:
+        s = logits_settings(batch, 1, 64, cols, fp4, 1, sms, interpreted=False)
+        programs = batch * s.splits
+        expected = (logits_module.PDL_EARLY if programs <= sms else
+                    logits_module.PDL_AT_EXIT if programs <= wanted else logits_module.PDL_NONE)
+        assert s.pdl == expected, (batch, cols, programs)
+        assert s.relu_by_abs == fp4
+        seen.add(s.pdl)
+    assert len(seen) == 3  # the shapes above reach every mode
+    assert logits_settings(128, 1, 64, 65536, fp4, 1, sms, interpreted=True).pdl == 0
+
+
 def test_plan_is_frozen_and_complete():
     call, options = make_call("mxfp4", "preshuffle16", "mxfp4", next_n=2, ctx_2d=True)
     plan = check_logits(op_call(call, options))

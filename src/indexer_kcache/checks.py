@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import layout
-from .kernels import INTERPRETED
+from .kernels import INTERPRETED, dependent_launch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = (None, "triton", "reference")
@@ -213,6 +213,12 @@ def native_fp8(device: torch.device) -> bool:
     compiled kernels only."""
     capability = nvidia_capability(device)
     return capability is not None and capability >= (8, 9)
+
+
+# Dependent-launch modes (the kernels' ``USE_PDL`` constexprs) as the host passes them.
+PDL_NONE = dependent_launch.PDL_NONE.value
+PDL_EARLY = dependent_launch.PDL_EARLY.value
+PDL_AT_EXIT = dependent_launch.PDL_AT_EXIT.value
 
 
 def pdl_supported(device: torch.device) -> bool:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from . import checks, layout
-from .checks import fail_type, fail_value
+from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, fail_type, fail_value
 from .kernels import INTERPRETED
 from .kernels.logits import (
     MAX_ROWS,
@@ -341,8 +341,13 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     elif max_registers and q_form == Q_E4M3 and many:
         max_registers = LARGE_MXFP4_REGISTERS  # more programs in flight when there are many
     splits = max(-(-tiles // per_program), 1)
-    return LogitsSettings(block_n, rows, splits, num_warps, num_stages,
-                          VARIANT_STACKED, max_registers)
+    # Dependent launch pays off while the programs fit on the SMs at once (the next call's
+    # programs then wait in room this launch leaves free); releasing the next call at once
+    # is best for the smallest launches. Measured: BENCHMARKS.md, "The scorer".
+    programs = row_groups * splits
+    pdl = PDL_EARLY if programs <= sm_count else PDL_AT_EXIT if programs <= wanted else PDL_NONE
+    return LogitsSettings(block_n, rows, splits, num_warps, num_stages, VARIANT_STACKED,
+                          max_registers, pdl=pdl, relu_by_abs=use_fp4_cache)
 
 
 PROGRAMS_PER_SM = 4
@@ -390,8 +395,8 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
                    ) -> tuple[Launch, tuple[int, int, int]]:
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
-    pdl = settings.pdl if checks.pdl_supported(plan.device) else 0
-    options = checks.nvidia_options(checks.nvidia_capability(plan.device) is not None, pdl != 0,
+    pdl = settings.pdl if checks.pdl_supported(plan.device) else PDL_NONE
+    options = checks.nvidia_options(checks.nvidia_capability(plan.device) is not None, pdl != PDL_NONE,
                                     settings.max_registers)
     launch = LOGITS_KERNEL.launch(
         plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,

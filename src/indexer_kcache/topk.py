@@ -18,8 +18,8 @@ from typing import NamedTuple
 import torch
 
 from . import checks
-from .checks import fail_unsupported, fail_value, pdl_supported
-from .kernels import INTERPRETED, dependent_launch
+from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, fail_unsupported, fail_value, pdl_supported
+from .kernels import INTERPRETED
 from .kernels.topk import (
     MARGIN_EXTRA,
     MARGIN_SIGMAS,
@@ -49,11 +49,6 @@ MAX_COLS = 2**31 - 2**16
 # The select kernel ranks at most this many pairs in one program (min(k, cols) or more).
 MAX_SORTED = 16384
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension (the filter's programs)
-
-# Dependent-launch modes (TopKSettings.pdl), the kernels' constexprs as ints.
-PDL_NONE = dependent_launch.PDL_NONE.value
-PDL_EARLY = dependent_launch.PDL_EARLY.value
-PDL_AT_EXIT = dependent_launch.PDL_AT_EXIT.value
 
 # Settings (see topk_settings).
 DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole
