@@ -27,23 +27,17 @@ LARGE = [(32, 2, True, 0), (32, 4, True, 0), (64, 4, True, 0), (32, 2, False, 0)
 # The compacted path (ratio 2): (tokens per batch, warps, register cap, ranges per program).
 COMPACT = [(16, 2, 0, 1), (16, 2, 0, 2), (16, 2, 0, 4), (16, 2, 168, 2), (16, 2, 128, 4),
            (8, 1, 0, 2), (8, 1, 0, 4), (32, 4, 0, 2)]
-# Ratio 2, pairs: (token pairs per block, warps, register cap, blocks per program).
-PAIRS = [(16, 2, 0, 2), (16, 2, 80, 2), (16, 2, 96, 2), (16, 2, 0, 4), (16, 2, 96, 4),
-         (8, 2, 0, 2), (8, 2, 0, 4), (8, 1, 0, 4), (32, 4, 0, 2), (32, 4, 96, 2), (16, 4, 0, 2),
-         (16, 4, 0, 4)]
-LARGE = ([(*s, False, 1) for s in LARGE] + [(t, w, False, r, True, n) for t, w, r, n in COMPACT]
-         + [(t, w, False, r, False, n) for t, w, r, n in PAIRS])
+LARGE = [(*s, False, 1) for s in LARGE] + [(t, w, False, r, True, n) for t, w, r, n in COMPACT]
 CANDIDATES = {1: SMALL, 64: SMALL, 512: SMALL, 4096: MID, 32768: LARGE, 262144: LARGE}
 CANDIDATES = {t: [s if len(s) == 6 else (*s, False, 1) for s in c] for t, c in CANDIDATES.items()}
 
 
 def label(setting) -> str:
     """(32, 4, True, 0, ...) -> 32x4e; (32, 4, False, 80, ...) -> 32x4r80 (register cap);
-    (16, 2, False, 0, True, 2) -> 16x2c2 (compacted, 2 ranges a program); (16, 2, False, 0,
-    False, 4) -> 16x2p4 (pairs, 4 blocks a program)."""
+    (16, 2, False, 0, True, 2) -> 16x2c2 (compacted, 2 ranges a program)."""
     block_t, warps, eager, max_registers, compact, ranges = setting
     return (f"{block_t}x{warps}{'e' if eager else ''}" + f"r{max_registers}" * bool(max_registers)
-            + f"c{ranges}" * compact + f"p{ranges}" * (not compact and ranges > 1))
+            + f"c{ranges}" * compact)
 
 
 def timed(inputs, fmt, calls, setting, pdl):
@@ -68,8 +62,6 @@ def main() -> None:
         nbytes = bench.minimal_store_bytes(inputs)
         row = []
         for setting in CANDIDATES[t]:
-            if cr == 1 and not setting[4] and setting[5] > 1:
-                continue  # blocks of pairs: ratio 2 only
             try:
                 us, ok = timed(inputs, fmt, args.calls, setting, True)
             except Exception as e:  # a setting the compiler refuses
@@ -80,7 +72,7 @@ def main() -> None:
         us, best, _ = row[0]
         no_pdl_us, ok = timed(inputs, fmt, args.calls, best, False)
         cells = " ".join(f"{label(setting)}:{us:.2f}{'' if ok else '!'}"
-                         for us, setting, ok in row[:10])
+                         for us, setting, ok in row[:6])
         print(f"{fmt:6} cr{cr} {t:>7}: best {label(best)} {us:6.2f} us {100 * nbytes / us / 1e3 / copy:5.1f}%"
               f" (PDL off {no_pdl_us:.2f}{'' if ok else '!'}) | {cells}", flush=True)
 

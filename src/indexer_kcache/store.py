@@ -60,9 +60,8 @@ class StoreSettings(NamedTuple):
     num_warps: int
     eager_loads: bool  # load key rows with the slots and positions (latency-bound sizes)
     max_registers: int  # a cap per thread; 0 = the compiler's choice
-    # Ratio 2: each program walks ``ranges`` ranges of tokens_per_program * 2 tokens (the
-    # kernel's RANGES), as pairs or, ``compact``, handing the written tokens of each range
-    # to its lanes (COMPACT).
+    # Ratio 2: each program walks ``ranges`` ranges of tokens_per_program * 2 tokens and
+    # hands the written ones of each range to its lanes (the kernel's COMPACT, RANGES).
     compact: bool = False
     ranges: int = 1
 
@@ -254,10 +253,11 @@ def _launch_for(plan: StorePlan, num_tokens: int) -> tuple:
     settings = store_settings(num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
     launch = plan.launches.get(settings) or plan.launches.setdefault(
         settings, _store_launch(plan, settings))
-    # Ranges (compacted) or blocks of pairs (ratio 2) of tokens_per_program * compress_ratio
-    # tokens each, unless the rows are loaded eagerly.
-    per_program = settings.tokens_per_program * settings.ranges * (
-        1 if settings.eager_loads else plan.compress_ratio)
+    if settings.compact:  # ranges of tokens_per_program * compress_ratio tokens
+        per_program = settings.tokens_per_program * plan.compress_ratio * settings.ranges
+    else:  # pairs with compress_ratio 2, unless the rows are loaded eagerly
+        per_program = settings.tokens_per_program * (
+            1 if settings.eager_loads else plan.compress_ratio)
     chosen = (store_settings, launch, (-(-num_tokens // per_program),))
     if len(plan.by_tokens) >= MAX_SIZES_KEPT:
         plan.by_tokens.clear()

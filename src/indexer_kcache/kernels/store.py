@@ -323,9 +323,8 @@ def indexer_k_store_kernel(
     is known to write. ``compress_ratio`` 2: a program covers 2 * BLOCK_T tokens as BLOCK_T
     pairs and does the work only for the tokens that write, about one per pair: a lane pair
     takes the odd token of its pair if it writes, else the even one; pairs where both write
-    (positions not consecutive) get a second pass. Rows of skipped tokens are never read.
-    A program walks ``RANGES`` such blocks, loading a block's slots and positions while the
-    previous one encodes.
+    (positions not consecutive) get a second pass, which re-reads the slots and positions
+    rather than keep them live through the first. Rows of skipped tokens are never read.
 
     A written key with a NaN or an infinity after the norm and the rotation is stored
     poisoned: every value code zero, the scale NaN (fp32 ``0x7FC00000`` or UE8M0 ``0xFF``).
@@ -342,7 +341,6 @@ def indexer_k_store_kernel(
         and layout.SCALE_BYTES % SCALE_LANES == 0))
     tl.static_assert(LAYOUT != layout.FP8_TILED or BLOCK_SIZE % layout.TILE_TOKENS == 0)
     tl.static_assert(not (COMPACT and EAGER_LOADS))
-    tl.static_assert(RANGES == 1 or COMPACT or (COMPRESS_RATIO == 2 and not EAGER_LOADS))
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     element = _element_index()
     # Latency-bound launches (few tokens per program) start the weight's load first, off
@@ -408,40 +406,30 @@ def indexer_k_store_kernel(
                                USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                                BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
     else:
-        # Token pairs, RANGES blocks of BLOCK_T of them. One loop over blocks and passes,
-        # so that the encode is compiled once; a block's slots and positions are loaded
-        # while the previous block encodes, so that its key-row loads wait for no load of
-        # their own.
-        first = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T * RANGES)
-        end = tl.minimum(first + 2 * BLOCK_T * RANGES, num_tokens)  # the program's tokens end
-        t_even = first + 2 * lane
+        t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
         slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
-            slot_ptr, positions_ptr, t_even, end)
-        next_slot_even, next_pos_even, next_slot_odd, next_pos_odd = _load_pair_indices(
-            slot_ptr, positions_ptr, t_even + 2 * BLOCK_T, end)
-        it = 0  # the block
-        second = 0  # the pass: 1 for the even tokens of pairs where both write
-        while it < RANGES:
-            write_even = _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
-            write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
-            both = write_odd & write_even
-            take_odd = write_odd & (second == 0)
-            write = tl.where(second == 0, write_odd | write_even, both)
-            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride,
-                               tl.where(take_odd, t_even + 1, t_even), element, write)
-            _norm_rope_quant_store(lo, hi, tl.where(take_odd, slot_odd, slot_even),
-                                   tl.where(take_odd, pos_odd, pos_even), write, w_lo, w_hi,
+            slot_ptr, positions_ptr, t_even, num_tokens)
+        write_even = _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
+        write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
+        write = write_odd | write_even
+        lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, tl.where(write_odd, t_even + 1, t_even),
+                           element, write)
+        second_pass = tl.max((write_odd & write_even).to(tl.int32), axis=0) > 0
+        _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
+                               tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
+                               cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
+                               COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                               D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+        if second_pass:
+            # Re-read the (cached) indices rather than keep them live through the first
+            # pass: the register budget of one pass is what sets the programs in flight.
+            slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
+                slot_ptr, positions_ptr, t_even, num_tokens)
+            both = (_written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
+                    & _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO))
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t_even, element, both)
+            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi,
                                    cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
                                    page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
                                    N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
                                    EXACT_CASTS)
-            if (second == 0) & (tl.max(both.to(tl.int32), axis=0) > 0):
-                second = 1
-            else:  # the next block, whose indices were loaded during this one
-                it += 1
-                second = 0
-                t_even += 2 * BLOCK_T
-                slot_even, pos_even = next_slot_even, next_pos_even
-                slot_odd, pos_odd = next_slot_odd, next_pos_odd
-                next_slot_even, next_pos_even, next_slot_odd, next_pos_odd = _load_pair_indices(
-                    slot_ptr, positions_ptr, t_even + 2 * BLOCK_T, end)
