@@ -200,9 +200,9 @@ def test_compress_ratio_2_with_consecutive_and_scattered_positions(fp4, start):
         assert_same_bytes(got, want, "triton vs reference")
 
 
-GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False)
+GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False, key_bytes=kb)
                        for n in (1, 64, 512, 4096, 32768, 262144) for cr in (1, 2)
-                       for fp4 in (False, True)}
+                       for fp4 in (False, True) for kb in (2, 4)}
                       | {(32, 2, True, 0, False, 1), (32, 4, True, 0, False, 1),
                          (32, 2, False, 0, False, 1), (32, 4, False, 0, False, 1),
                          # compaction: one range, several, a wide program
@@ -214,6 +214,18 @@ def _setting_id(setting):
     block_t, warps, eager, max_registers, compact, ranges = setting
     return (f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(max_registers)
             + f"-compact{ranges}" * compact)
+
+
+def test_large_ratio_2_settings_by_key_width():
+    """Above 64K tokens ratio 2 takes pairs, capped at 96 registers; float32 keys into
+    MXFP4 would spill there and compact ranges instead."""
+    for fp4 in (False, True):
+        for key_bytes in (2, 4):
+            s = ik.store.store_settings(262144, 2, fp4, interpreted=False, key_bytes=key_bytes)
+            assert s.compact == (fp4 and key_bytes == 4), (fp4, key_bytes, s)
+            if not s.compact:
+                assert (s.tokens_per_program, s.num_warps, s.max_registers) == (16, 2, 96)
+    assert ik.store.store_settings(262144, 2, True, interpreted=True, key_bytes=4).ranges == 1
 
 
 @pytest.mark.sweep

@@ -41,6 +41,7 @@ class StorePlan:
     exact_casts: bool  # integer float conversions (see exact_casts_needed)
     pdl: bool
     nvidia: bool  # compiled for an NVIDIA GPU (options only its backend takes)
+    key_bytes: int  # of a k_pre element (4: float32 keys, twice the registers a row)
     # Kernel arguments the metadata fixes.
     k_pre_row_stride: int
     cos_sin_row_stride: int
@@ -152,6 +153,7 @@ def check_store(call) -> StorePlan:
         exact_casts=exact_casts_needed(device),
         pdl=pdl if call.enable_pdl is None else call.enable_pdl,
         nvidia=checks.nvidia_capability(device) is not None,
+        key_bytes=k_pre.element_size(),
         k_pre_row_stride=k_pre.stride(0),
         cos_sin_row_stride=cos_sin.stride(0),
         max_pos=cos_sin.shape[0],
@@ -162,16 +164,17 @@ def check_store(call) -> StorePlan:
 
 
 @tunable
-def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool
-                   ) -> StoreSettings:
+def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool,
+                   key_bytes: int = 2) -> StoreSettings:
     """The launch setting for a call: deterministic in its inputs, chosen on an H200 with
     ``benchmarks/tune_store.py`` (results and reasons: BENCHMARKS.md, "Launch settings").
 
     Small launches are latency-bound (a token or two per program, key rows loaded with the
     indices); large ones bandwidth-bound (32 tokens per program over several warps). Ratio 2
     takes token pairs, so that the rows of skipped tokens are not read, and needs more
-    programs in flight (a register cap) above 64K tokens. (Compacting each range's written
-    tokens onto the lanes before the encode, ``compact``, measured slower.)
+    programs in flight (a register cap) above 64K tokens, except for float32 keys into
+    MXFP4, whose pairs would spill: those compact each range's written tokens onto the
+    lanes before the encode (``compact``).
     """
     if interpreted:
         return StoreSettings(64, 1, False, 0)  # the interpreter's cost is per program
@@ -183,7 +186,9 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
         return StoreSettings(8, 1, True, 0) if compress_ratio == 1 else StoreSettings(4, 1, False, 0)
     if num_tokens <= 65536:
         return StoreSettings(32, 4, compress_ratio == 1, 0)
-    if compress_ratio == 2:  # pairs, 16 a program (see BENCHMARKS.md, ratio 2)
+    if compress_ratio == 2:  # see BENCHMARKS.md, ratio 2
+        if use_fp4 and key_bytes > 2:  # float32 keys: the pairs path spills
+            return StoreSettings(8, 1, False, 0, True, 4)
         return StoreSettings(16, 2, False, 96)
     return StoreSettings(32, 2, True, 0) if use_fp4 else StoreSettings(32, 4, True, 0)
 
@@ -250,7 +255,8 @@ def run_store(plan: StorePlan, call) -> None:
 
 def _launch_for(plan: StorePlan, num_tokens: int) -> tuple:
     """(store_settings, launch, grid) for ``num_tokens``, kept in ``plan.by_tokens``."""
-    settings = store_settings(num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED)
+    settings = store_settings(num_tokens, plan.compress_ratio, plan.use_fp4_cache, INTERPRETED,
+                              plan.key_bytes)
     launch = plan.launches.get(settings) or plan.launches.setdefault(
         settings, _store_launch(plan, settings))
     if settings.compact:  # ranges of tokens_per_program * compress_ratio tokens
