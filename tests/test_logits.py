@@ -381,6 +381,7 @@ def test_dependent_launch_mode_reaches_the_launch(monkeypatch, mode):
     call, options = make_call("fp8", "row-major", "e4m3", seed=2)
     plan = check_logits(op_call(call, options))
     settings = logits_module.settings_for(plan)._replace(pdl=mode)
+    monkeypatch.setattr(logits_module.checks, "pdl_supported", lambda device: False)
     launch, _ = logits_module._logits_launch(plan, settings, True)
     assert launch.state.fixed["USE_PDL"] == 0
     assert "launch_pdl" not in launch.state.launch_options
