@@ -167,7 +167,7 @@ def check_store(call) -> StorePlan:
 def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpreted: bool,
                    key_bytes: int = 2) -> StoreSettings:
     """The launch setting for a call: deterministic in its inputs, chosen on an H200 with
-    ``benchmarks/tune_store.py`` (results and reasons: BENCHMARKS.md, "Launch settings").
+    ``benchmarks/tune_store.py`` (results and reasons: BENCHMARKS.md, "The store").
 
     Small launches are latency-bound (a token or two per program, key rows loaded with the
     indices); large ones bandwidth-bound (32 tokens per program over several warps). Ratio 2
