@@ -396,8 +396,8 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
     pdl = settings.pdl if checks.pdl_supported(plan.device) else PDL_NONE
-    options = checks.nvidia_options(checks.nvidia_capability(plan.device) is not None, pdl != PDL_NONE,
-                                    settings.max_registers)
+    nvidia = checks.nvidia_capability(plan.device) is not None
+    options = checks.nvidia_options(nvidia, pdl != PDL_NONE, settings.max_registers)
     launch = LOGITS_KERNEL.launch(
         plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
