@@ -8,9 +8,15 @@ tensors: half of each DRAM page read is wasted by the access pattern itself. Thi
 number on the part of the ratio-2 gap that no encoding work can close.
 
     python benchmarks/exp_store_floor.py
+    ncu --clock-control none --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats python benchmarks/exp_store_floor.py --profile
+
+(``--profile``: each kernel once, after a warm-up call, for a profiler.)
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import triton
@@ -78,7 +84,25 @@ def move_only(inputs: dict, block: int, warps: int):
     return call
 
 
+def profile() -> None:
+    """The store at ratio 2 (FP8, MXFP4) and ratio 1 (FP8), and the move-only kernel at
+    ratio 2, each called twice (warm-up, then the call to profile), on 256K tokens."""
+    calls = []
+    for fmt, ratio in (("fp8", 2), ("mxfp4", 2), ("fp8", 1)):
+        inputs = bench.make_inputs(262144, fmt, ratio, "cuda")
+        calls.append(bench.store_call(inputs, False))
+        if (fmt, ratio) == ("fp8", 2):
+            calls.append(move_only(inputs, 8, 2))
+    for _ in range(2):
+        for call in calls:
+            call()
+        torch.cuda.synchronize()
+
+
 def main() -> None:
+    if "--profile" in sys.argv[1:]:
+        profile()
+        return
     copy = bench.copy_bandwidth_GBps()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
           f"  copy {copy:.0f} GB/s")
