@@ -189,6 +189,15 @@ def _q_native(q_row, q_sh, heads, d, Q_FORM: tl.constexpr, HP: tl.constexpr):
 
 
 @triton.jit
+def _fold_exponents(word, dd):
+    """Of scale words [1, N] (four UE8M0 bytes, byte ``j`` for dims ``32 j ..``): each
+    column's largest byte [1, N], and the byte of the group of dims ``dd`` [K, 1], [K, N]."""
+    top = tl.maximum(tl.maximum(word & 0xFF, (word >> 8) & 0xFF),
+                     tl.maximum((word >> 16) & 0xFF, (word >> 24) & 0xFF))
+    return top, (word >> (8 * (dd // 32))) & 0xFF
+
+
+@triton.jit
 def _q_folded(q_row, qs_row, q_sh, heads, d, Q_FORM: tl.constexpr, HP: tl.constexpr):
     """A scaled query row (e4m3 or MXFP4 values with per-32-dim UE8M0 scales) as unscaled
     e4m3 ``q^T [len(d), HP]``, each head's largest scale factored out: returns (values,
@@ -200,14 +209,8 @@ def _q_folded(q_row, qs_row, q_sh, heads, d, Q_FORM: tl.constexpr, HP: tl.conste
     h = tl.arange(0, HP)[None, :]
     live = h < heads
     word = tl.load(qs_row + h, mask=live, other=0)
-    b0 = word & 0xFF
-    b1 = (word >> 8) & 0xFF
-    b2 = (word >> 16) & 0xFF
-    b3 = (word >> 24) & 0xFF
-    top = tl.maximum(tl.maximum(b0, b1), tl.maximum(b2, b3))  # [1, HP]
     dd = d[:, None]
-    g = dd // 32
-    exponent = tl.where(g == 0, b0, tl.where(g == 1, b1, tl.where(g == 2, b2, b3)))
+    top, exponent = _fold_exponents(word, dd)
     if Q_FORM == 3:
         byte = tl.load(q_row + h * q_sh + dd // 2, mask=live, other=0).to(tl.int32)
         x = e2m1_to_float((byte >> (4 * (dd % 2))) & 0xF) * 64.0
@@ -775,16 +778,12 @@ def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
     dd = d[:, None]
     if FOLD:
         word = tl.load(qs_ptr + b * qs_sb + (i0 + r) * qs_si + h, mask=live, other=0)
-        b0 = word & 0xFF
-        b1 = (word >> 8) & 0xFF
-        b2 = (word >> 16) & 0xFF
-        b3 = (word >> 24) & 0xFF
-        top = tl.maximum(tl.maximum(b0, b1), tl.maximum(b2, b3))
-        g = dd // 32
-        exponent = tl.where(g == 0, b0, tl.where(g == 1, b1, tl.where(g == 2, b2, b3)))
+        top, exponent = _fold_exponents(word, dd)
         if Q_FORM == 3:
-            byte = tl.load(base + dd // 2, mask=live, other=0).to(tl.int32)
-            x = e2m1_to_float((byte >> (4 * (dd % 2))) & 0xF) * 64.0
+            # E2M1 as the e4m3 byte of the value times 2**-6, decoded natively; times 2**12
+            # it is the value times 2**6.
+            x = _q_mxfp4_codes(base, d, live, RH)
+            x = _e2m1_code_to_e4m3(x).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 4096.0
             factor = ue8m0_to_float(top) * 0.015625  # the 2**6 above
         else:
             x = tl.load(base + dd, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
@@ -805,6 +804,19 @@ def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
         else:
             x = tl.load(base + dd, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
         return x, 1, 1.0
+
+
+@triton.jit
+def _q_mxfp4_codes(base, d, live, RH: tl.constexpr):
+    """The E2M1 codes (int32 [128, RH]) of MXFP4 query columns at ``base`` (bytes), rows
+    ``d`` (dims). Positions 2 i and 2 i + 1 hold dims 2 j and 2 j + 1 (``_fp4_dim``), the
+    two nibbles of one byte: one load a byte, the nibbles then interleaved."""
+    tl.static_assert(d.shape[0] == 128)
+    even = tl.reshape(d, [64, 2])
+    dim, _ = tl.split(even)  # the even dims, [64]
+    byte = tl.load(base + (dim // 2)[:, None], mask=live, other=0).to(tl.int32)  # [64, RH]
+    pair = tl.join(byte & 0xF, byte >> 4)  # [64, RH, 2]
+    return tl.reshape(tl.permute(pair, (0, 2, 1)), [128, RH])
 
 
 @triton.jit
