@@ -798,9 +798,8 @@ def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
         if Q_FORM == 0:
             x = tl.load(base + dd, mask=live, other=0).to(tl.bfloat16, bitcast=True)
         elif Q_FORM == 3:
-            byte = tl.load(base + dd // 2, mask=live, other=0).to(tl.int32)
-            x = _e2m1_code_to_e4m3((byte >> (4 * (dd % 2))) & 0xF).to(tl.float8e4nv,
-                                                                       bitcast=True)
+            x = _e2m1_code_to_e4m3(_q_mxfp4_codes(base, d, live, RH)).to(tl.float8e4nv,
+                                                                          bitcast=True)
         else:
             x = tl.load(base + dd, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
         return x, 1, 1.0
