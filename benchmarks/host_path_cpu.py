@@ -3,8 +3,9 @@
 On a GPU host an eager call costs its Python path plus Triton's launch of the compiled
 kernel (``eager_overhead.py`` measures both against an empty launch). This script times
 the Python path alone on the CPU: the ops run under the Triton interpreter once (checks,
-plan, settings), then their launches are marked as compiled and ``launch_compiled`` does
-nothing, so every later call runs exactly the host code a GPU call runs up to the launch.
+plan, settings), then their launches are marked as compiled, with a compiled kernel whose
+``run`` does nothing, so every later call runs exactly the host code a GPU call runs up to
+Triton's launcher.
 
     TRITON_INTERPRET=1 python benchmarks/host_path_cpu.py [--calls 20000]
 """
@@ -26,11 +27,21 @@ import indexer_kcache as ik  # noqa: E402
 from indexer_kcache import bench, fast_path, readers, store  # noqa: E402
 
 
+class _NoLaunch:
+    """A compiled kernel whose launcher does nothing."""
+
+    function = packed_metadata = None
+
+    @staticmethod
+    def run(*args) -> None:
+        pass
+
+
 class _AnyKey(dict):
-    """A compiled-kernel cache that has every key (the launch it returns does nothing)."""
+    """A compiled-kernel cache that has every key."""
 
     def get(self, key, default=None):
-        return object()
+        return _NoLaunch
 
 
 def _as_compiled(launch) -> None:
@@ -51,12 +62,13 @@ def _mark_compiled(*ops) -> None:
 
 @contextlib.contextmanager
 def _no_launches():
-    before = fast_path.launch_compiled
-    fast_path.launch_compiled = lambda compiled, device, grid, args: None
+    """Device 0 current, stream 0: what the direct launch asks torch's CUDA functions."""
+    before = fast_path.current_device, fast_path.current_stream
+    fast_path.current_device, fast_path.current_stream = (lambda: 0), (lambda device: 0)
     try:
         yield
     finally:
-        fast_path.launch_compiled = before
+        fast_path.current_device, fast_path.current_stream = before
 
 
 def main() -> None:

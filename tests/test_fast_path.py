@@ -215,3 +215,48 @@ def test_generated_packers_key_what_triton_specialises_on():
     assert key == (False, True, True)
     key, _ = keyed(k_pre_ptr=t, slot_ptr=t, num_tokens=2**33)
     assert key == (True, True, False)
+
+
+def test_the_direct_launcher_launches_the_compiled_kernel_of_the_key(monkeypatch):
+    """On a GPU the first launch of a specialisation goes through Triton, later ones call
+    the compiled kernel's launcher with every argument in the kernel's order (pointers as
+    addresses, fixed values included) on the current stream; a new key (a misaligned
+    pointer) or the fast path switched off goes through Triton again. Run here with a
+    stand-in for Triton's launch and the compiled kernel."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["n"])
+    def fill(x_ptr, value, n, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(x_ptr + i, tl.full([N], value, tl.int32), mask=i < n)
+
+    launches, runs = [], []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        @staticmethod
+        def run(*args):
+            runs.append(args)
+
+    launch = launcher.Kernel(fill).launch(torch.device("cpu"), num_warps=1, value=5, N=8)
+    state = launch.state
+    state.compiles, state.device_index = True, 0
+    monkeypatch.setattr(state, "triton_launch",
+                        lambda grid, values: launches.append((grid, values)) or Compiled)
+    monkeypatch.setattr(fast_path, "current_device", lambda: 0)
+    monkeypatch.setattr(fast_path, "current_stream", lambda device: 77)
+    monkeypatch.setattr(fast_path, "_enabled", True)
+    x = torch.zeros(64, dtype=torch.int32)
+    launch((2,), x_ptr=x, n=3)
+    assert launches == [((2,), (x, 3))] and not runs
+    launch((2,), x_ptr=x, n=4)
+    assert runs == [(2, 1, 1, 77, "function", "metadata", None, None, None, x.data_ptr(), 5, 4, 8)]
+    launch((1, 3, 1), x_ptr=x[1:], n=4)  # 4-byte aligned only: a key of its own
+    assert len(launches) == 2 and len(runs) == 1
+    launch((1, 3, 1), x_ptr=x[1:], n=4)
+    assert runs[-1][:4] == (1, 3, 1, 77) and runs[-1][9] == x[1:].data_ptr()
+    monkeypatch.setattr(fast_path, "_enabled", False)
+    launch((2,), x_ptr=x, n=4)
+    assert len(launches) == 3 and len(runs) == 2

@@ -125,6 +125,15 @@ def guard_class() -> type:
     return NATIVE_GUARD if _enabled else MetadataGuard
 
 
+# torch's C queries behind ``plain_eager``: the depth of the dispatch-mode stack, and
+# whether a torch-function mode is on.
+dispatch_modes = torch._C._len_torch_dispatch_stack
+function_mode = torch._C._is_torch_function_mode_enabled
+# ``plain_eager``'s test as an expression of this module (named ``{fp}``), for generated code
+# that runs it without a call of its own.
+PLAIN_EAGER_SOURCE = "{fp}._enabled and not {fp}.dispatch_modes() and not {fp}.function_mode()"
+
+
 def plain_eager() -> bool:
     """True when a call may skip the dispatcher: the fast path is on and no dispatch or
     torch-function mode intercepts (fake or functional tensors, tracing). The caller also
@@ -132,8 +141,7 @@ def plain_eager() -> bool:
     calls that find one) and that torch.compile is not tracing (see ``launcher``). Such a
     call may run the op's implementation without the dispatcher's argument boxing; anything
     else must go through the op."""
-    return _enabled and not torch._C._len_torch_dispatch_stack() and (
-        not torch._C._is_torch_function_mode_enabled())
+    return _enabled and not dispatch_modes() and not function_mode()
 
 
 def plain_tensors(tensors: tuple) -> bool:
@@ -148,12 +156,15 @@ def plain_tensors(tensors: tuple) -> bool:
 def installed_hook(hook):
     """A launch hook, or None. Triton keeps hooks in a chain that is never None itself (and
     builds the launch metadata whenever it is not None): an empty chain counts as none."""
-    if hook is None or (isinstance(hook, _HOOK_CHAIN) and not hook.calls):
+    if hook is None or (isinstance(hook, HOOK_CHAIN) and not hook.calls):
         return None
     return hook
 
 
-_HOOK_CHAIN = getattr(knobs, "HookChain", ())
+HOOK_CHAIN = getattr(knobs, "HookChain", ())
+# The current CUDA device and its current stream, as torch's C functions (CUDA builds).
+current_device = getattr(torch._C, "_cuda_getDevice", None)
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def launch_compiled(compiled, device: int, grid: tuple[int, int, int], args: list) -> None:
@@ -161,11 +172,11 @@ def launch_compiled(compiled, device: int, grid: tuple[int, int, int], args: lis
     3.9), minus the launch metadata and hook calls when no launch hook is installed. Runs
     on the current stream of ``device`` (a CUDA device index), whichever device is current.
     ``args`` are all the kernel's arguments in order, pointers as addresses."""
-    if device != torch._C._cuda_getDevice():
+    if device != current_device():
         with torch.cuda.device(device):
             launch_compiled(compiled, device, grid, args)
         return
-    stream = torch._C._cuda_getCurrentRawStream(device)
+    stream = current_stream(device)
     enter_hook = installed_hook(knobs.runtime.launch_enter_hook)
     metadata = None if enter_hook is None else compiled.launch_metadata(grid, stream, *args)
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,

@@ -246,7 +246,7 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     the torch.library op, in code the tracer reads plainly; a plain eager call to the
     implementation; anything else through the op."""
     namespace = {"_op": op.torch_op, "_compiling": torch.compiler.is_compiling,
-                 "_plain_eager": fast_path.plain_eager, "_implementation": op.implementation,
+                 "_fp": fast_path, "_implementation": op.implementation,
                  "_through_op": op.through_op, "_last": op.plans.last, "_run": op.run}
     params = list(signature.parameters.values())
     op_args = ", ".join(p.name if p.kind is not p.KEYWORD_ONLY else f"{p.name}={p.name}"
@@ -258,7 +258,7 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     lines = [f"def {op.name}({_parameters(signature, namespace)}):",
              "    if _compiling():",
              f"        return _op({op_args})",
-             "    if _plain_eager():"]
+             f"    if {fast_path.PLAIN_EAGER_SOURCE.format(fp='_fp')}:"]
     if op._optional is None:
         # The last eager call's plan, if every option is the very object it was (``is``:
         # no 1 for True, no 1.0 for 1) and its guard passes the tensors.
@@ -324,7 +324,10 @@ class KernelLaunch:
 
     Launched through ``launch`` (what ``Kernel.launch`` returns): a function of the grid
     and the per-call arguments by keyword, generated with those names as its keyword-only
-    parameters, so that a call passes them without building a dict."""
+    parameters, so that a call passes them without building a dict. It hands them to
+    ``self.run``: Triton's own launch at first, and on a GPU with the fast path on, from the
+    first launch, a function generated for these arguments (``direct_launcher``) that
+    launches the compiled kernel itself."""
 
     def __init__(self, kernel: Kernel, device: torch.device, *, num_warps: int,
                  num_stages: int | None = None, options: dict | None = None, **fixed) -> None:
@@ -341,30 +344,25 @@ class KernelLaunch:
         _check_generated_names(kernel.fn.__name__, kernel.names, reserved=("grid", "args"))
         self.compiles = not INTERPRETED and self.device_index is not None
         self.compiled: dict[tuple, object] = {}
-        self._pack = None  # made at the first launch, when the per-call arguments are known
+        self.run: Callable[..., None] = self.first_launch  # run(grid, *per_call values)
         self.launch = _keyword_launch(self)
 
-    def launch_values(self, grid: tuple[int, ...], *values) -> None:
-        """Launch on ``grid`` with the per-call arguments in ``self.per_call`` order."""
+    def first_launch(self, grid: tuple[int, ...], *values) -> None:
+        """Launch on ``grid`` with the per-call arguments in ``self.per_call`` order; where
+        kernels compile and the fast path is on, make ``self.run`` the direct launcher for
+        arguments of these types and launch through it."""
         if not (self.compiles and fast_path._enabled):
-            self._launch(grid, values)
+            self.triton_launch(grid, values)
             return
-        if self._pack is None:
-            self._pack = packer(self.kernel, self.fixed, self._by_name(values))
-        key, args = self._pack(*values)
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            self.compiled[key] = self._launch(grid, values)
-            return
-        if len(grid) != 3:
-            grid = (grid + (1, 1))[:3]
-        fast_path.launch_compiled(compiled, self.device_index, grid, args)
+        self.run = direct_launcher(self, self._by_name(values))
+        self.run(grid, *values)
 
     def _by_name(self, values: tuple) -> dict:
         return dict(zip(self.per_call, values, strict=True))
 
-    def _launch(self, grid, values: tuple):
-        """Triton's own launch (compiling on first use), on the kernel's device."""
+    def triton_launch(self, grid, values: tuple):
+        """Triton's own launch (compiling on first use), on the kernel's device; returns the
+        compiled kernel."""
         per_call = self._by_name(values)
         if self.device_index is None or self.device_index == torch.cuda.current_device():
             return self.kernel.fn[grid](**self.fixed, **per_call, **self.launch_options)
@@ -376,32 +374,32 @@ Launch = Callable[..., None]  # launch(grid, **per_call arguments): see KernelLa
 
 
 def _keyword_launch(state: KernelLaunch) -> Launch:
-    """``launch(grid, *, <per-call names>)`` calling ``state.launch_values``; the function
-    carries ``state`` as ``launch.state``."""
+    """``launch(grid, *, <per-call names>)`` calling ``state.run``; the function carries
+    ``state`` as ``launch.state``."""
     names = state.per_call
-    namespace = {"_values": state.launch_values}
+    namespace = {"_state": state}
     keywords = f", *, {', '.join(names)}" if names else ""
     source = (f"def launch(grid{keywords}):\n"
-              f"    _values(grid, {', '.join(names)})\n")
+              f"    _state.run(grid, {', '.join(names)})\n")
     exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
     launch = namespace["launch"]
     launch.state = state
     return launch
 
 
-def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
-    """``pack(*per_call) -> (key, args)`` (the per-call arguments in the kernel's order,
-    ``example`` by name): ``args`` all the kernel's arguments in order,
-    tensors as their addresses; ``key`` what Triton's specialisation sees of the per-call
-    ones (a pointer's 16-byte alignment; an int's width and, unless the kernel says
-    ``do_not_specialize``, whether it is 1 or a multiple of 16), or just ``True`` in the
-    common case of aligned pointers and unspecialised 32-bit ints. Generated from the
-    kernel's parameter list, so that a launch costs one call instead of a loop."""
+def _pack_source(kernel: Kernel, fixed: dict, example: dict, namespace: dict
+                 ) -> tuple[list[str], str, str, str]:
+    """Source pieces that turn the per-call arguments (``example`` by name) into the
+    kernel's arguments: (lines binding each tensor's address to ``_<name>``, the condition
+    of the common key, the full key, all the kernel's arguments in order). The key is what
+    Triton's specialisation sees of the per-call arguments (a pointer's 16-byte alignment;
+    an int's width and, unless the kernel says ``do_not_specialize``, whether it is 1 or a
+    multiple of 16), ``True`` in the common case of aligned pointers and unspecialised
+    32-bit ints. Fixed values go into ``namespace``."""
     missing = set(kernel.names) - set(fixed) - set(example)
     if missing:
         raise TypeError(f"{kernel.fn.__name__}: missing arguments {sorted(missing)}")
-    lines, key, args, pointers, common, namespace = [], [], [], [], [], {}
-    per_call = [name for name in kernel.names if name not in fixed]
+    lines, key, args, pointers, common = [], [], [], [], []
     for name in kernel.names:
         if name in fixed:
             value = fixed[name]  # a fixed tensor (never read) stays alive in ``fixed``
@@ -410,29 +408,80 @@ def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
             continue
         value = example[name]
         if isinstance(value, torch.Tensor):
-            lines.append(f"    {name} = {name}.data_ptr()")
-            key.append(f"{name} & 15 == 0")
-            pointers.append(name)
-        else:
-            if isinstance(value, int) and not isinstance(value, bool):
-                width = f"-0x80000000 <= {name} <= 0x7FFFFFFF"
-                key.append(width)
-                if kernel.specialise[name]:
-                    key.append(f"{name} == 1, {name} & 15 == 0")
-                    common.append("False")
-                else:
-                    common.append(width)
-            # floats and bools: Triton's type for them does not depend on the value
+            lines.append(f"_{name} = {name}.data_ptr()")
+            key.append(f"_{name} & 15 == 0")
+            pointers.append(f"_{name}")
+            args.append(f"_{name}")
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            width = f"-0x80000000 <= {name} <= 0x7FFFFFFF"
+            key.append(width)
+            if kernel.specialise[name]:
+                key.append(f"{name} == 1, {name} & 15 == 0")
+                common.append("False")
+            else:
+                common.append(width)
+        # floats and bools: Triton's type for them does not depend on the value
         args.append(name)
     if pointers:
         common.append(f"({' | '.join(pointers)}) & 15 == 0")
-    lines.append(f"    args = ({', '.join(args)},)")
-    lines.append(f"    if {' and '.join(common) or 'True'}:")
-    lines.append("        return True, args")
-    lines.append(f"    return ({', '.join(key)},), args")
-    source = f"def pack({', '.join(per_call)}):\n" + "\n".join(lines) + "\n"
+    return lines, " and ".join(common) or "True", f"({', '.join(key)},)", ", ".join(args)
+
+
+def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
+    """``pack(*per_call) -> (key, args)`` (the per-call arguments in the kernel's order,
+    ``example`` by name): ``args`` all the kernel's arguments in order, tensors as their
+    addresses, and the specialisation ``key`` (see ``_pack_source``)."""
+    namespace: dict = {}
+    lines, common, key, args = _pack_source(kernel, fixed, example, namespace)
+    per_call = [name for name in kernel.names if name not in fixed]
+    body = [*lines, f"args = ({args},)", f"if {common}:", "    return True, args",
+            f"return {key}, args"]
+    source = f"def pack({', '.join(per_call)}):\n" + "".join(f"    {b}\n" for b in body)
     exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
     return namespace["pack"]
+
+
+def direct_launcher(state: KernelLaunch, example: dict) -> Callable[..., None]:
+    """``run(grid, *per_call)`` for per-call arguments of the types in ``example``: the
+    compiled kernel of the call's specialisation launched as ``fast_path.launch_compiled``
+    does, in one generated function (an eager call's host time is mostly Python calls);
+    Triton's own launch where nothing is compiled for the key yet (it compiles), and when
+    the fast path is off."""
+    namespace = {"_fp": fast_path, "_compiled": state.compiled, "_device": state.device_index,
+                 "_triton": state.triton_launch, "_runtime": fast_path.knobs.runtime,
+                 "_Chain": fast_path.HOOK_CHAIN}
+    lines, common, key, args = _pack_source(state.kernel, state.fixed, example, namespace)
+    values = ", ".join(state.per_call)
+    as_tuple = f"({values},)" if values else "()"
+    # The hooks as fast_path.installed_hook reads them, inline.
+    hooks = [f"{name} = _runtime.launch_{name}_hook\n    if {name} is not None and "
+             f"isinstance({name}, _Chain) and not {name}.calls:\n        {name} = None"
+             for name in ("enter", "exit")]
+    body = [
+        "if not _fp._enabled:",
+        f"    _triton(grid, {as_tuple})",
+        "    return",
+        *lines,
+        f"compiled = _compiled.get(True if {common} else {key})",
+        "if compiled is None:",
+        f"    _compiled[True if {common} else {key}] = _triton(grid, {as_tuple})",
+        "    return",
+        "if len(grid) != 3:",
+        "    grid = (tuple(grid) + (1, 1))[:3]",
+        "if _device != _fp.current_device():",
+        f"    _fp.launch_compiled(compiled, _device, grid, ({args},))",
+        "    return",
+        "stream = _fp.current_stream(_device)",
+        *hooks,
+        f"metadata = None if enter is None else compiled.launch_metadata(grid, stream, {args})",
+        "compiled.run(grid[0], grid[1], grid[2], stream, compiled.function,",
+        "             compiled.packed_metadata, metadata, enter, exit,",
+        f"             {args})",
+    ]
+    source = f"def run(grid, {values}):\n" + "".join(f"    {b}\n" for b in body)
+    exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
+    return namespace["run"]
 
 
 class Kernel:

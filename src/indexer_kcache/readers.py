@@ -37,6 +37,7 @@ class ReaderPlan:
     change (everything but the number of rows or sequences)."""
 
     backend: str
+    device: torch.device
     use_fp4_cache: bool
     layout: int
     tile: tuple[int, int, int]  # the MXFP4 preshuffle order: (n_per_tile, d_per_tile, lanes)
@@ -86,6 +87,7 @@ def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: b
         DEQUANTIZE=dequantize, BLOCK_R=BLOCK_R)
     return ReaderPlan(
         backend=checks.resolve_backend(call.backend, k_cache.device),
+        device=k_cache.device,
         use_fp4_cache=call.use_fp4_cache,
         layout=layout_code,
         tile=tuple(tile),
@@ -129,13 +131,12 @@ def check_gather_by_blocks(call) -> ReaderPlan:
     return _reader_plan(call, "block_table", "cu_seq_lens", block_table=block_table)
 
 
-def _new_rows(k_cache: torch.Tensor, num_rows: int, value_bytes: int
+def _new_rows(device: torch.device, num_rows: int, value_bytes: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous ``values`` [num_rows, value_bytes] and ``scales`` [num_rows, 4] (two
     allocations: an op's outputs must not share storage)."""
     # torch.empty with the sizes as arguments: the cheapest allocation call (eager calls
     # are host-bound; see BENCHMARKS.md, "Eager calls").
-    device = k_cache.device
     return (torch.empty(num_rows, value_bytes, dtype=torch.uint8, device=device),
             torch.empty(num_rows, layout.SCALE_BYTES, dtype=torch.uint8, device=device))
 
@@ -146,8 +147,8 @@ def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
         return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
-    num_rows = slots.shape[0]
-    values, scales = _new_rows(k_cache, num_rows, plan.value_bytes)
+    num_rows = len(slots)
+    values, scales = _new_rows(plan.device, num_rows, plan.value_bytes)
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, values_ptr=values, scales_ptr=scales)
@@ -162,8 +163,8 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
         return reference.dequantize(values, scales, plan.use_fp4_cache, plan.mx_scales)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
-    num_rows = slots.shape[0]
-    keys = torch.empty(num_rows, layout.HEAD_DIM, dtype=torch.float32, device=k_cache.device)
+    num_rows = len(slots)
+    keys = torch.empty(num_rows, layout.HEAD_DIM, dtype=torch.float32, device=plan.device)
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, dequant_ptr=keys)
@@ -186,7 +187,7 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
         checks.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),
             plan.num_slots, "slots of the sequences")
-    values, scales = _new_rows(k_cache, num_rows, plan.value_bytes)
+    values, scales = _new_rows(plan.device, num_rows, plan.value_bytes)
     if num_rows:
         plan.launch(
             (block_table.shape[0], -(-max_len // BLOCK_R), 1), cache_ptr=k_cache,
@@ -197,12 +198,13 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
 
 
 def _fake_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
-    return _new_rows(call.k_cache, call.slots.shape[0], plan.value_bytes)
+    return _new_rows(call.k_cache.device, call.slots.shape[0], plan.value_bytes)
 
 
 def _fake_sequence_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     # The row count is cu_seq_lens[-1]: data, not metadata.
-    return _new_rows(call.k_cache, torch.library.get_ctx().new_dynamic_size(), plan.value_bytes)
+    return _new_rows(call.k_cache.device, torch.library.get_ctx().new_dynamic_size(),
+                     plan.value_bytes)
 
 
 def _fake_keys(plan: ReaderPlan, call) -> torch.Tensor:
