@@ -18,11 +18,19 @@ import re
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import indexer_kcache as ik
 from indexer_kcache import compat
 from indexer_kcache.kernels import INTERPRETED
-from indexer_kcache.kernels.logits import FP4_FOLD_SPAN, VARIANT_ROWS, VARIANT_STACKED
+from indexer_kcache.kernels.logits import (
+    BF16_FOLD_SPAN,
+    FP4_FOLD_SPAN,
+    VARIANT_ROWS,
+    VARIANT_STACKED,
+    _fp4_operand_bf16,
+)
 from indexer_kcache.logits import (
     check_logits,
     logits_settings,
@@ -779,3 +787,39 @@ def test_aiter_mxfp4_orders_are_scored_in_place(n, d_chunk, lanes):
     bound = RELATIVE_BOUND * (weights.abs().double()[:, :, None] * per_head).sum(1)
     err = (got.double() - want.double()).abs()
     assert (err[finite] <= bound[finite] + 1e-6).all()
+
+
+@triton.jit
+def _decode_bf16_kernel(words_ptr, shift_ptr, out_ptr, BLOCK_N: tl.constexpr):
+    key = tl.arange(0, BLOCK_N)
+    group = tl.arange(0, 4)
+    words = tl.load(words_ptr + key[:, None, None] * 16 + group[None, :, None] * 4
+                    + tl.arange(0, 4)[None, None, :])
+    shift = tl.load(shift_ptr + key[:, None] * 4 + group[None, :])
+    operand = _fp4_operand_bf16(words, shift, BLOCK_N)
+    tl.store(out_ptr + key[:, None] * 128 + tl.arange(0, 128)[None, :], operand)
+
+
+def test_mxfp4_keys_decode_straight_to_the_bf16_operand():
+    """Against bf16 queries, MXFP4 keys decode to bf16 in the dot operand's order (position
+    ``p`` holds dim ``32 c + 8 k + 4 W + 2 J + h`` for ``p = 32 k + 16 W + 8 J + 2 c + h``),
+    each group's values E2M1 times ``2**(6 + shift)``: every code, both signs, and shifts
+    across the whole range the fold allows. (The inline PTX on a GPU, integer operations
+    under the interpreter.)"""
+    n = 32
+    generator = torch.Generator().manual_seed(5)
+    packed = torch.randint(0, 256, (n, 64), generator=generator, dtype=torch.uint8)
+    packed[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) + torch.arange(8, dtype=torch.uint8)
+    shift = torch.randint(1 - BF16_FOLD_SPAN.value, 1, (n, 4), generator=generator,
+                          dtype=torch.int32)
+    shift[0] = torch.tensor([0, 1 - BF16_FOLD_SPAN.value, -12, -1])
+    words = packed.view(torch.int32)  # little-endian: byte 4 w + i is byte i of word w
+    out = torch.empty(n, 128, dtype=torch.bfloat16, device=DEVICE)
+    _decode_bf16_kernel[(1,)](words.to(DEVICE), shift.to(DEVICE), out, BLOCK_N=n, num_warps=4)
+    p = torch.arange(128)
+    dim = 32 * ((p // 2) % 4) + 2 * (p // 8) + p % 2
+    codes = (packed.long()[:, dim // 2] >> (4 * (dim % 2))) & 0xF
+    want = E2M1[codes] * torch.exp2(6.0 + shift.double()[:, dim // 32])
+    assert want.abs().min() == 0 and want[want != 0].abs().min() >= 2.0**-126
+    assert torch.equal(out.cpu().double(), want)
+    assert torch.equal(out.cpu().double().signbit(), want.signbit())

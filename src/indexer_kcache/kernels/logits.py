@@ -63,6 +63,9 @@ VARIANT_STACKED = 1
 # times it is e4m3's smallest normal).
 FP4_FOLD_SPAN = 12
 FP4_FOLD_TOP: tl.constexpr = tl.constexpr(FP4_FOLD_SPAN)
+# Against bf16 queries MXFP4 keys decode straight to bf16, E2M1 times 2**(6 + e_g - max e):
+# exact while 0.5 times that is a normal bf16 (>= 2**-126), i.e. e_g - max e >= -131.
+BF16_FOLD_SPAN: tl.constexpr = tl.constexpr(132)
 # The native path decodes MXFP4 keys with inline PTX; under the CPU interpreter (which runs
 # no PTX) the same bytes come from integer operations, so that tests can run that path.
 _PTX_DECODE: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
@@ -646,6 +649,137 @@ def _fp4_word(word, t_lo, t_hi):
     return low, high
 
 
+# The bf16 form of the decode (against bf16 queries). A group's table holds the bf16 bits
+# of the eight E2M1 magnitudes times ``2**x``: their high bytes in two words (magnitudes
+# 0-3, 4-7) and their low bytes in two more. ``_BF16_TABLES_PTX`` builds them from ``$4 =
+# x << 7`` (an add to a bf16's exponent field; bf16 bits of 0.5 .. 6 are 0x3F00 .. 0x40C0,
+# two to a word, magnitude 0 staying 0): $0/$1 the high bytes, $2/$3 the low ones.
+_BF16_TABLES_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 w01, w23, w45, w67;
+shl.b32 w01, $4, 16;
+add.s32 w01, w01, 0x3F000000;
+mad.lo.s32 w23, $4, 0x00010001, 0x3FC03F80;
+mad.lo.s32 w45, $4, 0x00010001, 0x40404000;
+mad.lo.s32 w67, $4, 0x00010001, 0x40C04080;
+prmt.b32 $0, w01, w23, 0x7531;
+prmt.b32 $1, w45, w67, 0x7531;
+prmt.b32 $2, w01, w23, 0x6420;
+prmt.b32 $3, w45, w67, 0x6420;
+}
+""")
+# One word of packed E2M1 pairs (``$4``) and its group's tables (``$5, $6`` high bytes,
+# ``$7, $8`` low bytes) -> four words of bf16 pairs, elements (0, 1), (2, 3), (4, 5), (6, 7).
+# Two lookups give four high and four low bytes, two ``prmt`` interleave them; each code's
+# sign (bit 3 of its nibble) goes to bit 15 of its bf16: the even codes' from the word
+# shifted by 4, the odd ones' from the word itself, a byte each picked into place.
+_FP4_BF16_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 m, mh, ha, la, hb, lb, u, s;
+and.b32 m, $4, 0x77777777;
+shr.b32 mh, m, 16;
+prmt.b32 ha, $5, $6, m;
+prmt.b32 la, $7, $8, m;
+prmt.b32 hb, $5, $6, mh;
+prmt.b32 lb, $7, $8, mh;
+shl.b32 u, $4, 4;
+prmt.b32 $0, la, ha, 0x5140;
+prmt.b32 s, u, $4, 0x4000;
+lop3.b32 $0, $0, s, 0x80008000, 0xF8;
+prmt.b32 $1, la, ha, 0x7362;
+prmt.b32 s, u, $4, 0x5010;
+lop3.b32 $1, $1, s, 0x80008000, 0xF8;
+prmt.b32 $2, lb, hb, 0x5140;
+prmt.b32 s, u, $4, 0x6020;
+lop3.b32 $2, $2, s, 0x80008000, 0xF8;
+prmt.b32 $3, lb, hb, 0x7362;
+prmt.b32 s, u, $4, 0x7030;
+lop3.b32 $3, $3, s, 0x80008000, 0xF8;
+}
+""")
+
+
+@triton.jit
+def _bf16_tables(x):
+    """``_BF16_TABLES_PTX`` for int32 ``x`` (elementwise): (high bytes 0-3, 4-7, low bytes
+    0-3, 4-7); integer operations under the interpreter."""
+    step = x << 7
+    if _PTX_DECODE:
+        h_lo, h_hi, l_lo, l_hi = tl.inline_asm_elementwise(
+            _BF16_TABLES_PTX, "=r,=r,=r,=r,r", [step], dtype=(tl.int32,) * 4, is_pure=True,
+            pack=1)
+    else:
+        h_lo = tl.zeros_like(x)
+        h_hi = tl.zeros_like(x)
+        l_lo = tl.zeros_like(x)
+        l_hi = tl.zeros_like(x)
+        for m in tl.static_range(1, 8):
+            # The bf16 bits of magnitude m: 0.5 (m = 1), else 2**(m // 2 - 1) (1 + (m % 2) / 2).
+            if m == 1:
+                bits = 0x3F00 + step
+            else:
+                bits = (((126 + m // 2) << 7) | ((m % 2) << 6)) + step
+            high = ((bits >> 8) & 0xFF) << (8 * (m % 4))
+            low = (bits & 0xFF) << (8 * (m % 4))
+            if m < 4:
+                h_lo = h_lo | high
+                l_lo = l_lo | low
+            else:
+                h_hi = h_hi | high
+                l_hi = l_hi | low
+    return h_lo, h_hi, l_lo, l_hi
+
+
+@triton.jit
+def _fp4_word_bf16(word, h_lo, h_hi, l_lo, l_hi):
+    """``_FP4_BF16_PTX`` on int32 tensors (elementwise); integer operations under the
+    interpreter."""
+    if _PTX_DECODE:
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            _FP4_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [word, h_lo, h_hi, l_lo, l_hi],
+            dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        r0 = tl.zeros_like(word)
+        r1 = tl.zeros_like(word)
+        r2 = tl.zeros_like(word)
+        r3 = tl.zeros_like(word)
+        for i in tl.static_range(8):
+            code = (word >> (4 * i)) & 0xF
+            m = code & 7
+            high = tl.where(m < 4, h_lo, h_hi)
+            low = tl.where(m < 4, l_lo, l_hi)
+            shift = 8 * (m & 3)
+            bf16 = ((((high >> shift) & 0xFF) << 8) | ((low >> shift) & 0xFF)
+                    | ((code & 8) << 12)) << (16 * (i % 2))
+            if i // 2 == 0:
+                r0 = r0 | bf16
+            elif i // 2 == 1:
+                r1 = r1 | bf16
+            elif i // 2 == 2:
+                r2 = r2 | bf16
+            else:
+                r3 = r3 | bf16
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def _fp4_operand_bf16(words, shift, BLOCK_N: tl.constexpr):
+    """Words ``[BLOCK_N, 4, 4]`` and per-(key, group) exponents ``shift`` ``[BLOCK_N, 4]``
+    (``e_g - max e``, at least ``1 - BF16_FOLD_SPAN``) -> bf16 ``[BLOCK_N, 128]``, E2M1
+    times ``2**(6 + shift)``, in ``_fp4_dim(p, True)`` order: the bf16 dot operand
+    straight from the tables, without the e4m3 bytes and their conversions."""
+    h_lo, h_hi, l_lo, l_hi = _bf16_tables(shift + 6)
+    h_lo = tl.broadcast_to(tl.reshape(h_lo, [BLOCK_N, 4, 1]), [BLOCK_N, 4, 4])
+    h_hi = tl.broadcast_to(tl.reshape(h_hi, [BLOCK_N, 4, 1]), [BLOCK_N, 4, 4])
+    l_lo = tl.broadcast_to(tl.reshape(l_lo, [BLOCK_N, 4, 1]), [BLOCK_N, 4, 4])
+    l_hi = tl.broadcast_to(tl.reshape(l_hi, [BLOCK_N, 4, 1]), [BLOCK_N, 4, 4])
+    r0, r1, r2, r3 = _fp4_word_bf16(words, h_lo, h_hi, l_lo, l_hi)
+    x = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [key, c, k, W, J]: elements 4 W + 2 J ..
+    x = tl.join(x.to(tl.int16), (x >> 16).to(tl.int16))  # [key, c, k, W, J, h]
+    x = tl.permute(x, [0, 2, 3, 4, 1, 5])  # [key, k, W, J, c, h]
+    return tl.reshape(x, [BLOCK_N, 128]).to(tl.bfloat16, bitcast=True)
+
+
 @triton.jit
 def _fp4_dim(p, BF16: tl.constexpr):
     """The dim (0..127) that position ``p`` of the K dimension holds in a decoded MXFP4 key
@@ -993,12 +1127,17 @@ def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
         else:
             # 2**(max e - 127) (2**-127 for a byte 0); NaN where the fold is not exact.
             key_factor = tl.maximum(emax << 23, 0x00400000).to(tl.float32, bitcast=True)
-            key_factor = tl.where((emax - emin >= FP4_FOLD_TOP) | (emax == 255), float("nan"),
+            span = BF16_FOLD_SPAN if Q_FORM == 0 else FP4_FOLD_TOP
+            key_factor = tl.where((emax - emin >= span) | (emax == 255), float("nan"),
                                   key_factor)
             e = (word[:, None] >> (8 * tl.arange(0, 4)[None, :])) & 0xFF
-            t_lo, t_hi = _fp4_tables(e - emax[:, None] + FP4_FOLD_TOP)
-            codes = _fp4_operand(words, t_lo, t_hi, BLOCK_N, Q_FORM == 0)
-            acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+            if Q_FORM == 0:
+                operand = _fp4_operand_bf16(words, e - emax[:, None], BLOCK_N)
+            else:
+                t_lo, t_hi = _fp4_tables(e - emax[:, None] + FP4_FOLD_TOP)
+                operand = _key_operand_v1(_fp4_operand(words, t_lo, t_hi, BLOCK_N, False),
+                                          Q_FORM)
+            acc = tl.dot(operand, q_op, out_dtype=tl.float32)
     else:
         t, readable, key_factor, codes = tile
         if GROUPED_Q:
