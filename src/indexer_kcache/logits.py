@@ -74,8 +74,8 @@ class LogitsSettings(NamedTuple):
     max_registers: int = 0
     # Programmatic dependent launch on NVIDIA sm_90+ (a kernels.dependent_launch mode).
     pdl: int = 0
-    # relu(x) w as (x + |x|) w / 2 in the stacked form's unscaled dots (not for bf16
-    # queries): fewer instructions on the pipe the MXFP4 decoding keeps busy.
+    # relu(x) w as (x + |x|) w / 2 in the stacked form's unscaled dots: fewer instructions
+    # on the pipe the MXFP4 decoding keeps busy.
     relu_by_abs: bool = False
 
 
@@ -359,7 +359,7 @@ MAX_TILES_ONE_WAVE = 64  # FP8, one row a program: longer ones if then PROGRAMS_
 DEEP_STAGES = 6  # the tile loop's pipelining depth where memory is the limit
 MAX_DOT_COLUMNS = 256  # the N of one Hopper tensor-core instruction
 FALLBACK_REGISTERS = 128  # the tile loop of one row fits (no spills) with e4m3 queries
-FALLBACK_REGISTERS_BF16 = 168  # and with bf16 queries (their keys converted to bf16)
+FALLBACK_REGISTERS_BF16 = 168  # and with bf16 queries (their keys decoded to bf16)
 
 
 # ------------------------------------------------------------------------------ launch

@@ -27,10 +27,11 @@ The native path has two launch forms (``VARIANT``):
   times 2**-6, the 2**6 in the weights) and scored as four K=32 dots whose partial sums
   are scaled per group before they are added.
 * ``VARIANT_STACKED``: the rows' queries side by side in one dot (``ROWS * HP`` columns);
-  MXFP4 keys decoded by table lookups (``_FP4_WORD_PTX``) straight into the registers the
-  tensor cores read (``_dot_row``, ``_fp4_dim``), each key's group scales folded into the
-  decoded values relative to its largest (``_tile_scores``), which is applied after the
-  head sum: one K=128 dot a tile. A key whose group exponents lie too far apart for the
+  MXFP4 keys decoded by table lookups (``_FP4_WORD_PTX`` to e4m3, ``_FP4_BF16_PTX`` to
+  bf16 against bf16 queries) straight into the registers the tensor cores read
+  (``_dot_row``, ``_fp4_dim``), each key's group scales folded into the decoded values
+  relative to its largest (``_tile_scores``), which is applied after the head sum: one
+  K=128 dot a tile. A key whose group exponents lie too far apart for the
   fold scores NaN, and its program scores its rows again per group (``_rescan_rows``).
 
 A NaN scale (UE8M0 byte 255, or an fp32 NaN) gives NaN logits for its key. Positions whose
@@ -1114,8 +1115,10 @@ def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
     tile is one dot, the key's largest scale ``2**(max e - 127)`` applied after the head
     sum (the ``2**-6`` is in the weights). A key outside that range, or with a NaN scale
     (byte 255), scores NaN, which makes the caller score the program again ``GROUPED``:
-    per group (``_fp4_grouped_acc``), exact for every key. FP8 keys: one dot, or per group
-    with ``GROUPED_Q``."""
+    per group (``_fp4_grouped_acc``), exact for every key. Against bf16 queries the keys
+    decode straight to bf16 (``_fp4_operand_bf16``), whose range keeps the fold exact while
+    ``e_g - max e > -BF16_FOLD_SPAN``. FP8 keys: one dot, or per group with
+    ``GROUPED_Q``."""
     RH: tl.constexpr = RP * HP
     if USE_FP4:
         t, readable, word, words = tile
