@@ -223,7 +223,7 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
             plan.device, num_warps=min(max(s.sample_block // 512, 4), 16), options=options,
             **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
-            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits, BLOCK=s.block)
+            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits)
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
                                        **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,
@@ -269,7 +269,7 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
         cand_count = torch.empty((rows,), dtype=torch.int32, device=device)
         cand = torch.empty((rows, s.block), dtype=torch.int64, device=device)
         sample((rows,), logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
-               cand_count_ptr=cand_count, counts_ptr=counts)
+               cand_count_ptr=cand_count)
         filter_(filter_grid, logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
                 cand_ptr=cand, cand_count_ptr=cand_count)
         if buffers is not None:

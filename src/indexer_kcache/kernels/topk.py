@@ -236,20 +236,17 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
 @triton.jit(do_not_specialize=["cols", "k", "sample_stride"])
 def topk_sample_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k,
-    sample_stride, threshold_ptr, cand_count_ptr, counts_ptr,
+    sample_stride, threshold_ptr, cand_count_ptr,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     CHUNK: tl.constexpr,
     SAMPLE_BLOCK: tl.constexpr,
     BITS: tl.constexpr,
     DIGIT_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
-    holding the uint32 key), ``cand_count[row] = 0``, and the select kernel's bucket counts
-    ``counts[row, :BLOCK]`` zeroed (here, off the select kernel's critical path: it would
-    otherwise zero them and wait at a barrier before its atomics).
+    holding the uint32 key), and ``cand_count[row] = 0``.
 
     The sample is ``SAMPLE_BLOCK`` columns, chunks of ``CHUNK`` consecutive columns every
     ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
@@ -292,8 +289,6 @@ def topk_sample_kernel(
                 threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
     tl.store(cand_count_ptr + row, 0)
-    bins = tl.arange(0, BLOCK)
-    tl.store(counts_ptr + row * (2 * BLOCK) + bins, tl.zeros([BLOCK], tl.int32))
 
 
 @triton.jit
@@ -456,22 +451,20 @@ def _bucket_of(pair, top, shift):
 
 @triton.jit
 def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
-           BLOCK: tl.constexpr, COUNTS_ZEROED: tl.constexpr):
+           BLOCK: tl.constexpr):
     """Writes the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``) to ``sorted_row`` (int64
     ``[BLOCK]``) bucket by bucket, the buckets' counts and starts to ``counts_row`` (int32
-    ``[2 * BLOCK]``, whose counts are zero already when ``COUNTS_ZEROED``), and to
-    ``meta_row`` (int64 ``[4]``) the largest pair, the shift that maps the pairs' range to
-    ``BLOCK`` buckets, the number of pairs in the buckets that start below ``want`` (where
-    every rank below ``want`` lies), and ``want``."""
+    ``[2 * BLOCK]``), and to ``meta_row`` (int64 ``[4]``) the largest pair, the shift that
+    maps the pairs' range to ``BLOCK`` buckets, the number of pairs in the buckets that
+    start below ``want`` (where every rank below ``want`` lies), and ``want``."""
     top = tl.max(tl.where(valid, pair, 0), 0)
     bottom = ~tl.max(tl.where(valid, ~pair, 0), 0)
     shift = _shift_for(top - bottom, BLOCK)
     bucket = tl.where(valid, _bucket_of(pair, top, shift), 0)
     bins = tl.arange(0, BLOCK)
     starts_row_ptr = counts_row_ptr + BLOCK
-    if not COUNTS_ZEROED:
-        tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
-        tl.debug_barrier()
+    tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
+    tl.debug_barrier()
     # The old count is the pair's slot in its bucket (atomics give every pair its own).
     slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32), mask=valid,
                          sem="relaxed")
@@ -548,9 +541,8 @@ def topk_select_kernel(
         pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
-    # With candidates, the sample kernel has zeroed the row's counts.
     _place(pair, valid, want, counts_ptr + row * (2 * BLOCK), scratch_row_ptr,
-           meta_ptr + row * 4, BLOCK, FROM_CANDIDATES)
+           meta_ptr + row * 4, BLOCK)
     out_row_ptr = out_ptr + row * out_row_stride
     for start in range(0, k, BLOCK):  # ranks want .. k - 1: no column
         rank = start + i
