@@ -36,6 +36,17 @@ def check_dtype(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> None:
         fail_type(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
 
 
+def check_rows(name: str, t: object, dtypes: tuple[torch.dtype, ...], width: int,
+               shape: str) -> None:
+    """A 2-d tensor of ``width`` columns with unit stride along its rows (``shape`` says
+    the expected shape in the error)."""
+    check_dtype(name, t, dtypes)
+    if t.dim() != 2 or t.shape[1] != width:
+        fail_value(name, shape, f"shape {tuple(t.shape)}")
+    if t.stride(1) != 1:
+        fail_value(f"{name}.stride(1)", "1", t.stride(1))
+
+
 def check_index_vector(name: str, t: torch.Tensor) -> None:
     """int32/int64, one dimension, unit stride (the kernels index it as a flat array)."""
     check_dtype(name, t, INDEX_DTYPES)

@@ -96,19 +96,13 @@ def check_store(call) -> StorePlan:
     checks.check_flag("check_bounds", call.check_bounds)
     checks.check_flag("enable_pdl", call.enable_pdl, allow_none=True)
     k_pre = call.k_pre
-    checks.check_dtype("k_pre", k_pre, K_PRE_DTYPES)
-    if k_pre.dim() != 2 or k_pre.shape[1] != layout.HEAD_DIM:
-        fail_value("k_pre", f"shape [num_tokens, {layout.HEAD_DIM}]", f"shape {tuple(k_pre.shape)}")
-    if k_pre.stride(1) != 1:
-        fail_value("k_pre.stride(1)", "1", k_pre.stride(1))
+    checks.check_rows("k_pre", k_pre, K_PRE_DTYPES, layout.HEAD_DIM,
+                      f"shape [num_tokens, {layout.HEAD_DIM}]")
     checks.check_index_vector("positions", call.positions)
     cos_sin = call.cos_sin_cache
-    checks.check_dtype("cos_sin_cache", cos_sin, COS_SIN_DTYPES)
-    if cos_sin.dim() != 2 or cos_sin.shape[1] != layout.ROPE_DIM:
-        fail_value("cos_sin_cache", f"shape [max_pos, {layout.ROPE_DIM}] ({layout.ROPE_DIM // 2} "
-                   f"cos then {layout.ROPE_DIM // 2} sin)", f"shape {tuple(cos_sin.shape)}")
-    if cos_sin.stride(1) != 1:
-        fail_value("cos_sin_cache.stride(1)", "1", cos_sin.stride(1))
+    checks.check_rows("cos_sin_cache", cos_sin, COS_SIN_DTYPES, layout.ROPE_DIM,
+                      f"shape [max_pos, {layout.ROPE_DIM}] ({layout.ROPE_DIM // 2} cos then "
+                      f"{layout.ROPE_DIM // 2} sin)")
     weight = call.rms_norm_weight
     checks.check_dtype("rms_norm_weight", weight, WEIGHT_DTYPES)
     if weight.dim() != 1 or weight.shape[0] != layout.HEAD_DIM:
