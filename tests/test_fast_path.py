@@ -195,26 +195,54 @@ def test_a_tunable_setting_is_overridden_only_inside_the_block():
     assert ik.store.store_settings(100, 1, False, False) == before
 
 
-def test_generated_packers_key_what_triton_specialises_on():
+class _Compiled:
+    """A stand-in compiled kernel whose launcher records its arguments."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self, runs: list) -> None:
+        self.runs = runs
+
+    def run(self, *args) -> None:
+        self.runs.append(args)
+
+
+def _stand_in_launch(monkeypatch, fn, **fixed):
+    """A kernel launch as on a GPU (compiling, device 0, stream 77, fast path on), with
+    Triton's launch replaced by a recorder that returns a stand-in compiled kernel:
+    (launch, Triton's launches, the compiled kernels' runs)."""
+    launches, runs = [], []
+    launch = launcher.Kernel(fn).launch(torch.device("cpu"), num_warps=1, **fixed)
+    state = launch.state
+    state.compiles, state.device_index = True, 0
+    monkeypatch.setattr(state, "triton_launch",
+                        lambda grid, values: launches.append((grid, values)) or _Compiled(runs))
+    monkeypatch.setattr(fast_path, "current_device", lambda: 0)
+    monkeypatch.setattr(fast_path, "current_stream", lambda device: 77)
+    monkeypatch.setattr(fast_path, "_enabled", True)
+    return launch, launches, runs
+
+
+def test_generated_launches_key_what_triton_specialises_on(monkeypatch):
     """Aligned pointers and 32-bit unspecialised ints share one key; anything else keys each
     argument as Triton's specialisation sees it."""
     kernel = launcher.Kernel(ik.store.indexer_k_store_kernel)
     fixed = {n: 1 for n in kernel.names if n not in ("k_pre_ptr", "slot_ptr", "num_tokens")}
+    launch, launches, runs = _stand_in_launch(monkeypatch, kernel.fn, **fixed)
+    assert sorted(launch.state.per_call) == ["k_pre_ptr", "num_tokens", "slot_ptr"]
+    compiled = launch.state.compiled
     t = torch.zeros(64, dtype=torch.uint8)
-    pack = launcher.packer(kernel, fixed, dict(k_pre_ptr=t, slot_ptr=t, num_tokens=3))
-    per_call = [n for n in kernel.names if n not in fixed]  # pack's parameters, in order
-    assert sorted(per_call) == ["k_pre_ptr", "num_tokens", "slot_ptr"]
-
-    def keyed(**values):
-        return pack(*(values[n] for n in per_call))
-
-    key, args = keyed(k_pre_ptr=t, slot_ptr=t, num_tokens=3)
-    assert key is True and len(args) == len(kernel.names)
+    launch((1,), k_pre_ptr=t, slot_ptr=t, num_tokens=3)
+    assert list(compiled) == [True]
+    launch((1,), k_pre_ptr=t, slot_ptr=t, num_tokens=3)
+    args = runs[-1][9:]  # after the grid, stream, function, metadata and hooks
+    assert len(args) == len(kernel.names)
     assert args[kernel.names.index("k_pre_ptr")] == t.data_ptr()
-    key, _ = keyed(k_pre_ptr=t[1:], slot_ptr=t, num_tokens=3)
-    assert key == (False, True, True)
-    key, _ = keyed(k_pre_ptr=t, slot_ptr=t, num_tokens=2**33)
-    assert key == (True, True, False)
+    launch((1,), k_pre_ptr=t[1:], slot_ptr=t, num_tokens=3)
+    assert list(compiled)[-1] == (False, True, True)
+    launch((1,), k_pre_ptr=t, slot_ptr=t, num_tokens=2**33)
+    assert list(compiled)[-1] == (True, True, False)
+    assert len(launches) == 3
 
 
 def test_the_direct_launcher_launches_the_compiled_kernel_of_the_key(monkeypatch):
@@ -231,23 +259,7 @@ def test_the_direct_launcher_launches_the_compiled_kernel_of_the_key(monkeypatch
         i = tl.arange(0, N)
         tl.store(x_ptr + i, tl.full([N], value, tl.int32), mask=i < n)
 
-    launches, runs = [], []
-
-    class Compiled:
-        function, packed_metadata = "function", "metadata"
-
-        @staticmethod
-        def run(*args):
-            runs.append(args)
-
-    launch = launcher.Kernel(fill).launch(torch.device("cpu"), num_warps=1, value=5, N=8)
-    state = launch.state
-    state.compiles, state.device_index = True, 0
-    monkeypatch.setattr(state, "triton_launch",
-                        lambda grid, values: launches.append((grid, values)) or Compiled)
-    monkeypatch.setattr(fast_path, "current_device", lambda: 0)
-    monkeypatch.setattr(fast_path, "current_stream", lambda device: 77)
-    monkeypatch.setattr(fast_path, "_enabled", True)
+    launch, launches, runs = _stand_in_launch(monkeypatch, fill, value=5, N=8)
     x = torch.zeros(64, dtype=torch.int32)
     launch((2,), x_ptr=x, n=3)
     assert launches == [((2,), (x, 3))] and not runs

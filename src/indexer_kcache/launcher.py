@@ -428,20 +428,6 @@ def _pack_source(kernel: Kernel, fixed: dict, example: dict, namespace: dict
     return lines, " and ".join(common) or "True", f"({', '.join(key)},)", ", ".join(args)
 
 
-def packer(kernel: Kernel, fixed: dict, example: dict) -> Callable:
-    """``pack(*per_call) -> (key, args)`` (the per-call arguments in the kernel's order,
-    ``example`` by name): ``args`` all the kernel's arguments in order, tensors as their
-    addresses, and the specialisation ``key`` (see ``_pack_source``)."""
-    namespace: dict = {}
-    lines, common, key, args = _pack_source(kernel, fixed, example, namespace)
-    per_call = [name for name in kernel.names if name not in fixed]
-    body = [*lines, f"args = ({args},)", f"if {common}:", "    return True, args",
-            f"return {key}, args"]
-    source = f"def pack({', '.join(per_call)}):\n" + "".join(f"    {b}\n" for b in body)
-    exec(source, namespace)  # noqa: S102 (generated from the kernel's parameter names)
-    return namespace["pack"]
-
-
 def direct_launcher(state: KernelLaunch, example: dict) -> Callable[..., None]:
     """``run(grid, *per_call)`` for per-call arguments of the types in ``example``: the
     compiled kernel of the call's specialisation launched as ``fast_path.launch_compiled``
