@@ -12,16 +12,10 @@ import torch
 from indexer_kcache import layout
 from indexer_kcache.bench import logits as bench_logits
 from indexer_kcache.bench import timing
-from indexer_kcache.logits import Q_BF16, Q_E4M3, logits_settings, paged_mqa_logits
+from indexer_kcache.logits import Q_BF16, Q_E4M3, logits_settings
 
 SHAPES = [("mxfp4", "e4m3", 64, 32768), ("mxfp4", "e4m3", 128, 65536),
           ("mxfp4", "e4m3", 8, 32768), ("mxfp4", "bf16", 64, 32768)]
-
-
-def call_of(call: dict, mx: bool):
-    return lambda: paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
-                                    call["context_lens"], call["block_table"],
-                                    call["max_model_len"], mx_scales=mx, out=call["out"])
 
 
 def main() -> None:
@@ -45,7 +39,7 @@ def main() -> None:
         for name, settings in variants.items():
             with logits_settings.override(settings):
                 exact = bench_logits.within_bound(rotations[0], fp4, mx)
-                us = timing.graph_time_us([call_of(c, mx) for c in rotations], 30)
+                us = timing.graph_time_us([bench_logits.scorer_call(c) for c in rotations], 30)
             share = 100 * nbytes / us / 1e3 / copy
             lines.append(f"{name} {us:.1f} ({share:.0f} %){'' if exact else ' OUTSIDE THE BOUND'}")
         print(f"{fmt} {q_form} {batch}x{context} {default}:\n   " + "\n   ".join(lines),

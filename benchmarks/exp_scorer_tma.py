@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from indexer_kcache import paged_mqa_logits
 from indexer_kcache.bench import logits as bench_logits
 from indexer_kcache.bench.timing import copy_bandwidth_GBps, graph_time_us
 
@@ -76,12 +75,6 @@ def minimal(call, tiles_per_program, stages, use_tma, warps):
         H=H, STAGES=stages, USE_TMA=use_tma, num_warps=warps)
 
 
-def ours(call):
-    return lambda: paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
-                                    call["context_lens"], call["block_table"],
-                                    call["max_model_len"], mx_scales=False, out=call["out"])
-
-
 def main():
     device = torch.device("cuda")
     copy = copy_bandwidth_GBps()
@@ -90,8 +83,8 @@ def main():
     lines = []
     for batch, context in shapes:
         calls, nbytes = bench_logits.make_calls("fp8", "e4m3", batch, context, 1, device)
-        base = graph_time_us([ours(c) for c in calls], 40)
-        ours(calls[0])()
+        base = graph_time_us([bench_logits.scorer_call(c) for c in calls], 40)
+        bench_logits.scorer_call(calls[0])()
         want = calls[0]["out"].clone()
         results = {"ours": base}
         for tpp, stages, tma, warps in itertools.product((8, 16, 32, 64, 128), (3, 4, 6),

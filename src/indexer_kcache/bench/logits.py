@@ -108,6 +108,14 @@ def make_calls(fmt: str, q_form: str, batch: int, context: int, next_n: int, dev
     return calls, nbytes
 
 
+def scorer_call(call: dict):
+    """Our scorer on one of ``make_calls``' calls, as a function of nothing (for timing)."""
+    return lambda: paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
+                                    call["context_lens"], call["block_table"],
+                                    call["max_model_len"], mx_scales=call["mx_scales"],
+                                    out=call["out"])
+
+
 # ------------------------------------------------------------------------------ peers
 def torch_unfused(call: dict, fp4: bool, mx: bool):
     """Unfused torch: gather and dequantize the keys, einsum, relu, weighted head sum."""
@@ -268,17 +276,11 @@ def run_gpu(result: dict, calls: int = 40, cases=CASES, peers: bool = True) -> N
         record = dict(op="logits", format=fmt, q_format=q_form, batch=batch, context=context,
                       next_n=next_n, heads=HEADS, bytes=nbytes)
 
-        def ours(call):
-            return lambda: paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
-                                            call["context_lens"], call["block_table"],
-                                            call["max_model_len"], mx_scales=call["mx_scales"],
-                                            out=call["out"])
-
         if not within_bound(rotations[0], fp4, mx):
             result["byte_mismatches"].append(
                 f"logits {fmt} {q_form} {batch}x{context} next_n {next_n}")
         result["records"].append(dict(record, impl="indexer_kcache",
-                                      gpu_us=graph_time_us([ours(c) for c in rotations], calls)))
+                                      gpu_us=graph_time_us([scorer_call(c) for c in rotations], calls)))
         if peers and next_n == 1 and q_form in ("e4m3", "mxfp4") and fmt in ("fp8", "mxfp4"):
             name = "sglang-like-triton" if fp4 else "vllm-like-triton"
             result["records"].append(dict(
