@@ -11,7 +11,8 @@
    together exceed the L2 cache, so every call reads its logits from device memory.
    Bytes are the logits read; % copy is against a device-to-device copy (bytes read plus
    written per second) measured in the same run.
-3. Per-kernel GPU times of the default settings (profiler, eager calls).
+3. Per-kernel GPU times of the default settings launched without dependent launch
+   (profiler, eager calls).
 
 Candidate settings: ``default`` is ``topk_settings``' choice; the others change one thing
 of it (``sampled``: short rows through the sample and filter kernels; ``direct``: rows up
@@ -87,11 +88,13 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
                         splits=-(-cols // (step * steps)))
 
         other_steps = 1 if base.split_steps > 1 else 2
+        other_warps = 16 if base.select_warps < 16 else 8
+        other_chunk = topk.RANK_CHUNK if base.chunk != topk.RANK_CHUNK else topk.SHORT_RANK_CHUNK
         variants = [
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
+            (f"select-w{other_warps}", dict(select_warps=other_warps)),
+            (f"chunk{other_chunk}", dict(chunk=other_chunk)),
             ("sample-2-bits", dict(sample_digit_bits=2)),
-            ("chunk512", dict(chunk=512)),
-            ("select-w8-reg128", dict(select_warps=8, max_registers=128)),
         ]
     if quick:
         variants = variants[:2]
@@ -246,9 +249,12 @@ def main(argv=None) -> int:
             log(f"time {rows}x{cols} {label:18} {us:8.2f} us  x{torch_us / us:5.2f} vs torch  "
                 f"{gbps:6.0f} GB/s  {100 * gbps / copy:5.1f}% copy")
         try:
-            per_kernel = profile_kernels(rows, cols, k, settings_by_label["default"],
+            # Without dependent launch: a kernel launched early would count its wait for
+            # the previous one as its own time.
+            per_kernel = profile_kernels(rows, cols, k,
+                                         settings_by_label["default"]._replace(pdl=0),
                                          logits_list[:8], out)
-            log(f"kernels {rows}x{cols} default (eager, profiler): " + ", ".join(
+            log(f"kernels {rows}x{cols} default without PDL (eager, profiler): " + ", ".join(
                 f"{name} {us:.2f} us" for name, us in per_kernel.items()))
         except Exception as error:  # the profile is a detail; keep the run's results
             log(f"kernels {rows}x{cols}: no profile ({type(error).__name__}: {error})")

@@ -63,6 +63,8 @@ THRESHOLD_BITS = 16  # top key bits the sample's threshold is given to
 STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a row
 RADIX_BITS = 8
 RANK_CHUNK = 256  # pairs ranked per program
+SHORT_RANK_CHUNK = 128  # ... in launches of fewer than FILTER_STEPS_FROM elements
+MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
@@ -86,6 +88,7 @@ class TopKSettings(NamedTuple):
     split_steps: int = 1  # steps of the filter kernel per program (the next one prefetched)
     sample_digit_bits: int = 1  # bits of the sample's threshold decided per pass
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
+    sample_warps: int = 0  # the sample kernel's warps; 0: see MAX_SAMPLE_WARPS
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
     # PDL_NONE, PDL_EARLY or PDL_AT_EXIT (kernels.dependent_launch).
@@ -112,8 +115,11 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _select_warps(block: int) -> int:
-    return min(max(block // 256, 4), 16)  # 8 pairs a thread, as 4 to 16 warps
+def _select_warps(block: int, short: bool = False) -> int:
+    """8 pairs a thread, as 4 to 16 warps; 16 pairs a thread in a short launch (its
+    select programs are a single round on the SMs, whose time is their block-wide
+    steps: fewer warps make each shorter)."""
+    return min(max(block // (512 if short else 256), 4), 16)
 
 
 @tunable
@@ -132,7 +138,10 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     the count the sample's rank predicts, and at least twice ``min(k, cols)``. Long rows
     on a GPU use programmatic dependent launch where the GPU has it: each kernel released
     early while the filter has at most ``PDL_MAX_PROGRAMS`` programs, else as the previous
-    one's programs exit (rows read whole, and the interpreter, launch plainly).
+    one's programs exit (rows read whole, and the interpreter, launch plainly). A short
+    launch (fewer than ``FILTER_STEPS_FROM`` elements) selects with fewer warps and ranks
+    ``SHORT_RANK_CHUNK`` pairs a program: its time is the chain of its kernels' steps,
+    not their throughput (measured: BENCHMARKS.md, "The top-k").
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -147,11 +156,12 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
         steps = -(-cols // (4 * FILTER_STEP))
         return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
                             RADIX_BITS, split_steps=steps)
-    steps = FILTER_STEPS if rows * cols >= FILTER_STEPS_FROM else 1
-    steps = max(steps, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
+    short = rows * cols < FILTER_STEPS_FROM
+    steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
-    return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block, _select_warps(block),
-                        RADIX_BITS, split_steps=steps,
+    return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block,
+                        _select_warps(block, short), RADIX_BITS,
+                        chunk=SHORT_RANK_CHUNK if short else RANK_CHUNK, split_steps=steps,
                         pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT)
 
 
@@ -220,7 +230,9 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
         sample_stride = -(-cols // chunks)
         sample_stride = max(-(-sample_stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
         sample = SAMPLE_KERNEL.launch(
-            plan.device, num_warps=min(max(s.sample_block // 512, 4), 16), options=options,
+            plan.device,
+            num_warps=s.sample_warps or min(max(s.sample_block // 512, 4), MAX_SAMPLE_WARPS),
+            options=options,
             **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
             BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits)

@@ -471,9 +471,9 @@ def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
     tl.debug_barrier()
     count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
     start = tl.cumsum(count, 0) - count
-    tl.store(starts_row_ptr + bins, start)
-    tl.debug_barrier()
-    first = tl.load(starts_row_ptr + bucket, mask=valid, other=0, cache_modifier=".cg")
+    tl.store(starts_row_ptr + bins, start)  # for the rank kernel
+    # Each pair's bucket start from registers (through shared memory), not read back.
+    first = tl.gather(start, bucket, 0)
     tl.store(sorted_row_ptr + first + slot, pair.to(tl.int64, bitcast=True), mask=valid)
     end = tl.sum(tl.where(start < want, count, 0), 0)
     field = tl.arange(0, 4)
@@ -522,13 +522,17 @@ def topk_select_kernel(
     i = tl.arange(0, BLOCK)
     use_candidates = want < 0  # False
     cand_count = n
+    cand = tl.zeros([BLOCK], tl.uint64)  # not read unless FROM_CANDIDATES
     if FROM_CANDIDATES:
+        # The whole buffer is asked for with the count, not after it (a round trip less);
+        # what lies past the count is masked below.
+        cand = tl.load(cand_ptr + row * capacity + i, mask=i < capacity, other=0).to(
+            tl.uint64, bitcast=True)
         cand_count = tl.load(cand_count_ptr + row)
         use_candidates = (cand_count >= want) & (cand_count <= capacity)
     if use_candidates:
         valid = i < cand_count
-        pair = tl.load(cand_ptr + row * capacity + i, mask=valid, other=0).to(
-            tl.uint64, bitcast=True)
+        pair = tl.where(valid, cand, 0)
     elif n <= BLOCK:
         valid = i < n
         pair = _pair(_load_keys(row_ptr, i, valid, IS_BF16), ~i.to(tl.uint32))
@@ -566,16 +570,19 @@ def topk_rank_kernel(
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * CHUNK
     meta_row_ptr = meta_ptr + row * 4
+    sorted_row_ptr = scratch_ptr + row * BLOCK
+    p = first + tl.arange(0, CHUNK)
+    # The chunk is asked for with the meta, not after it (a round trip less): p < BLOCK
+    # stays inside the row, and pairs from ``end`` on are masked below.
+    x = tl.load(sorted_row_ptr + p, mask=p < BLOCK, other=0).to(tl.uint64, bitcast=True)
+    top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
+    shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
     end = tl.load(meta_row_ptr + 2).to(tl.int32)
+    want = tl.load(meta_row_ptr + 3).to(tl.int32)
     if first < end:
-        top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
-        shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
-        want = tl.load(meta_row_ptr + 3).to(tl.int32)
-        sorted_row_ptr = scratch_ptr + row * BLOCK
         counts_row_ptr = counts_ptr + row * (2 * BLOCK)
-        p = first + tl.arange(0, CHUNK)
         live = p < end
-        x = tl.load(sorted_row_ptr + p, mask=live, other=0).to(tl.uint64, bitcast=True)
+        x = tl.where(live, x, 0)
         b = tl.where(live, _bucket_of(x, top, shift), 0)
         b_start = tl.load(counts_row_ptr + BLOCK + b, mask=live, other=0)
         b_count = tl.load(counts_row_ptr + b, mask=live, other=0)

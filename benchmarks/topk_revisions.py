@@ -1,0 +1,70 @@
+"""Top-k A/B across revisions: the default settings of whichever ``indexer_kcache`` is
+imported, at the issue's shapes, beside ``torch.topk`` (or, with ``--variants``, a few
+launch settings instead of ``torch.topk``).
+
+    PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--variants]
+
+Run it alternately on two revisions on one GPU: each row checks the result of two inputs
+against the reference, then prints the median and all three of three CUDA-graph timings
+(40 calls rotating over logits buffers that exceed the L2, as the bench does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from indexer_kcache import topk
+from indexer_kcache.bench import graph_time_us
+from indexer_kcache.bench.topk import SHAPES, make_logits
+from indexer_kcache.reference import topk as reference
+
+K = 2048
+
+
+def variants(rows: int, cols: int) -> dict:
+    base = topk.topk_settings(rows, cols, K)
+    out = {"default": base,
+           "select-w8" if base.select_warps != 8 else "select-w16":
+               base._replace(select_warps=8 if base.select_warps != 8 else 16),
+           "chunk128" if base.chunk != 128 else "chunk256":
+               base._replace(chunk=128 if base.chunk != 128 else 256)}
+    if base.splits:
+        out["sample-2-bits"] = base._replace(sample_digit_bits=2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("label")
+    parser.add_argument("--variants", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    for rows, cols in SHAPES:
+        logits = make_logits(rows, cols, device, seed=rows + cols)
+        outs = [torch.empty(rows, K, dtype=torch.int32, device=device) for _ in logits]
+        settings = (variants(rows, cols) if args.variants
+                    else {"default": topk.topk_settings(rows, cols, K)})
+        for name, setting in settings.items():
+            with topk.topk_settings.override(setting):
+                calls = [lambda x=x, o=o: topk.top_k_indices(x, K, out=o)
+                         for x, o in zip(logits, outs, strict=True)]
+                exact = True
+                for i in {0, 1 % len(calls)}:
+                    calls[i]()
+                    exact &= torch.equal(outs[i], reference.top_k_indices(logits[i], K))
+                times = [graph_time_us(calls, 40) for _ in range(3)]
+            print(f"{args.label:5} {rows:4}x{cols:<7} {name:14} {'ok ' if exact else 'BAD'} "
+                  f"median {statistics.median(times):7.2f} us  all "
+                  + " ".join(f"{t:.2f}" for t in times), flush=True)
+        if not args.variants:
+            theirs = [lambda x=x: torch.topk(x, K, dim=1, sorted=True) for x in logits]
+            print(f"{args.label:5} {rows:4}x{cols:<7} torch.topk          "
+                  f"{graph_time_us(theirs, 40):7.2f} us", flush=True)
+        del logits, outs
+
+
+if __name__ == "__main__":
+    main()
