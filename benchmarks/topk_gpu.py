@@ -34,6 +34,7 @@ import torch
 
 from indexer_kcache import topk
 from indexer_kcache.bench import copy_bandwidth_GBps, graph_time_us
+from indexer_kcache.bench import topk as bench_topk
 from indexer_kcache.reference import topk as reference
 
 SHAPES = [(1, 131072), (64, 8192), (64, 65536), (128, 65536), (512, 8192)]
@@ -41,7 +42,10 @@ SMOKE_SHAPES = [(2, 5000), (3, 500)]  # --smoke: the checks only, tiny, on any d
 DEVICE = "cuda"
 TIME_BUDGET_S = 150  # past this, the remaining shapes time two variants only
 L2_BYTES = 50 << 20
-ROTATION_BYTES = 160 << 20  # logits cycled through per timing: over three times the L2
+# Timed as the bench times the op (bench.topk): logits cycled through per timing (five
+# times the L2), an output per logits buffer, CALLS calls per graph at least.
+ROTATION_BYTES = bench_topk.ROTATION_BYTES
+CALLS = 40
 
 
 # ----------------------------------------------------------------------------- timing
@@ -232,7 +236,8 @@ def main(argv=None) -> int:
         count = max(4, min(256, -(-ROTATION_BYTES // nbytes)))
         logits_list = [torch.randn(rows, cols, device=DEVICE, generator=g) for _ in range(count)]
         out = torch.empty((rows, k), dtype=torch.int32, device=DEVICE)
-        calls = max(count, 32)
+        outs = [torch.empty((rows, k), dtype=torch.int32, device=DEVICE) for _ in logits_list]
+        calls = max(count, CALLS)
         torch_us = graph_time_us(
             [lambda x=x: torch.topk(x, k, dim=1, sorted=True) for x in logits_list], calls)
         records.append(dict(op="topk", impl="torch-topk", rows=rows, cols=cols, k=k,
@@ -240,7 +245,8 @@ def main(argv=None) -> int:
         log(f"time {rows}x{cols} torch.topk(sorted=True) {torch_us:8.2f} us")
         timed = {}
         for label, s in settings_by_label.items():
-            us = graph_time_us([call(x, k, None, out, s) for x in logits_list], calls)
+            us = graph_time_us([call(x, k, None, o, s) for x, o in zip(logits_list, outs,
+                                                                       strict=True)], calls)
             timed[label] = us
             records.append(dict(op="topk", impl="indexer_kcache", rows=rows, cols=cols, k=k,
                                 gpu_us=us, bytes=nbytes, settings_label=label,

@@ -265,7 +265,9 @@ def topk_sample_kernel(
     i = tl.arange(0, SAMPLE_BLOCK)
     column = (i // CHUNK).to(tl.int64) * sample_stride + i % CHUNK  # past 2**31 for wide rows
     valid = column < n
-    key = _load_keys(logits_ptr + row * row_stride, column, valid, IS_BF16)
+    # Columns past the row get key 0, below every trial value that decides (each but a
+    # digit 0, whose count is never read, is > 0): the passes compare keys only.
+    key = tl.where(valid, _load_keys(logits_ptr + row * row_stride, column, valid, IS_BF16), 0)
     m = tl.sum(valid.to(tl.int32), 0)
     # Expected sample hits, rounded up, plus a few standard deviations and a constant.
     expected = ((want.to(tl.int64) * m + n - 1) // tl.maximum(n, 1)).to(tl.int32)
@@ -277,15 +279,14 @@ def topk_sample_kernel(
             one = tl.full([], 1, tl.uint32)
             for bit in range(0, BITS):
                 trial = threshold | (one << tl.cast(31 - bit, tl.uint32))
-                count = tl.sum((valid & (key >= trial)).to(tl.int32), 0)
+                count = tl.sum((key >= trial).to(tl.int32), 0)
                 threshold = tl.where(count >= rank, trial, threshold)
         else:  # the counts at every value of the next digit in one sum
             digits = tl.arange(0, 1 << DIGIT_BITS).to(tl.uint32)
             for d in range(0, BITS // DIGIT_BITS):
                 shift = tl.cast(32 - DIGIT_BITS * (d + 1), tl.uint32)
                 trial = threshold | (digits << shift)
-                count = tl.sum((valid[:, None] & (key[:, None] >= trial[None, :])).to(tl.int32),
-                               0)
+                count = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), 0)
                 threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
     tl.store(cand_count_ptr + row, 0)
