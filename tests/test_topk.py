@@ -270,25 +270,34 @@ def test_long_rows_through_candidates(kind, dtype, split_steps):
 
 
 @pytest.mark.parametrize("digit_bits", [1, 2, 4])
-def test_sample_threshold_is_the_sampled_key(digit_bits):
-    """The sample kernel's threshold: the r-th largest key of the sample (r = expected
-    hits + 4 standard deviations + 8), its top 16 bits, found 1, 2 or 4 bits a pass."""
+@pytest.mark.parametrize("short_rows", [False, True], ids=["full-rows", "short-rows"])
+def test_sample_threshold_is_the_sampled_key(digit_bits, short_rows):
+    """The sample kernel's threshold: the r-th largest key of the row's sampled columns (r =
+    expected hits + 4 standard deviations + 8), its top 16 bits, found 1, 2 or 4 bits a
+    pass; sampled columns past a row's length never count."""
     cols, k = 3000, 100
     settings = small_split_settings(k, cols, sample_digit_bits=digit_bits)
     logits = make_logits("normal", 2, cols, torch.float32, seed=17)
+    lengths = None
+    if short_rows:  # the short row all negative: columns past it must not count as 0.0
+        lengths = torch.tensor([cols, 1900], dtype=torch.int32)
+        logits[1] = -logits[1].abs() - 1
     buffers = {}
-    check(logits, k, None, settings, buffers)
+    check(logits, k, lengths, settings, buffers)
     chunks = settings.sample_block // topk.SAMPLE_CHUNK
     stride = -(-cols // chunks)
     stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
-    columns = [c for c in range(cols) if c % stride < topk.SAMPLE_CHUNK]
-    bits = logits[:, columns].cpu().contiguous().view(torch.int32).long() & 0xFFFFFFFF
-    keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)  # no NaN, no -0.0
-    m = len(columns)
-    expected = -(-k * m // cols)
-    rank = expected + int(math.sqrt(expected) * 4.0) + 8
-    want = keys.sort(dim=1, descending=True).values[:, rank - 1] & 0xFFFF0000
-    assert torch.equal(buffers["threshold"].cpu().long() & 0xFFFFFFFF, want)
+    got = buffers["threshold"].cpu().long() & 0xFFFFFFFF
+    for row in range(2):
+        n = cols if lengths is None else int(lengths[row])
+        columns = [c for c in range(n) if c % stride < topk.SAMPLE_CHUNK]
+        bits = logits[row, columns].cpu().contiguous().view(torch.int32).long() & 0xFFFFFFFF
+        keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)  # no NaN, no -0.0
+        m = len(columns)
+        expected = -(-min(k, n) * m // n)
+        rank = expected + int(math.sqrt(expected) * 4.0) + 8
+        want = keys.sort(descending=True).values[rank - 1] & 0xFFFF0000
+        assert int(got[row]) == int(want), (row, n)
 
 
 def test_long_rows_overflowing_the_candidates():
