@@ -1,6 +1,6 @@
 """Top-k A/B across revisions: the default settings of whichever ``indexer_kcache`` is
-imported, at the issue's shapes, beside ``torch.topk`` (or, with ``--variants``, a few
-launch settings instead of ``torch.topk``).
+imported, at the issue's shapes, beside ``torch.topk`` (or, with ``--variants``,
+``topk_gpu.py``'s candidate settings instead of ``torch.topk``).
 
     PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--variants]
 
@@ -12,28 +12,20 @@ against the reference, then prints the median and all three of three CUDA-graph 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
-from indexer_kcache import topk
-from indexer_kcache.bench import graph_time_us
-from indexer_kcache.bench.topk import SHAPES, make_logits
-from indexer_kcache.reference import topk as reference
+sys.path.insert(0, os.path.dirname(__file__))
+from indexer_kcache import topk  # noqa: E402
+from indexer_kcache.bench import graph_time_us  # noqa: E402
+from indexer_kcache.bench.topk import SHAPES, make_logits  # noqa: E402
+from indexer_kcache.reference import topk as reference  # noqa: E402
+from topk_gpu import candidate_settings  # noqa: E402
 
 K = 2048
-
-
-def variants(rows: int, cols: int) -> dict:
-    base = topk.topk_settings(rows, cols, K)
-    out = {"default": base,
-           "select-w8" if base.select_warps != 8 else "select-w16":
-               base._replace(select_warps=8 if base.select_warps != 8 else 16),
-           "chunk128" if base.chunk != 128 else "chunk256":
-               base._replace(chunk=128 if base.chunk != 128 else 256)}
-    if base.splits:
-        out["sample-2-bits"] = base._replace(sample_digit_bits=2)
-    return out
 
 
 def main() -> None:
@@ -45,7 +37,7 @@ def main() -> None:
     for rows, cols in SHAPES:
         logits = make_logits(rows, cols, device, seed=rows + cols)
         outs = [torch.empty(rows, K, dtype=torch.int32, device=device) for _ in logits]
-        settings = (variants(rows, cols) if args.variants
+        settings = (candidate_settings(rows, cols, K, quick=False) if args.variants
                     else {"default": topk.topk_settings(rows, cols, K)})
         for name, setting in settings.items():
             with topk.topk_settings.override(setting):
