@@ -254,16 +254,19 @@ def test_ranking_steps(kind, chunk, width):
 
 
 # ----------------------------------------------------------------------------- long rows
+@pytest.mark.parametrize("bucket_in_filter", [True, False],
+                         ids=["filter-buckets", "select-buckets"])
 @pytest.mark.parametrize("split_steps", [1, 3], ids=["1-step", "3-steps"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "magnitudes", "specials"])
-def test_long_rows_through_candidates(kind, dtype, split_steps):
+def test_long_rows_through_candidates(kind, dtype, split_steps, bucket_in_filter):
     g = generator(6)
     cols, k = 3000, 100
     logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=6)
     lengths = torch.tensor([cols, 2000, 2999], dtype=torch.int32, device=DEVICE)
     buffers = {}
-    settings = small_split_settings(k, cols, split_steps=split_steps)
+    settings = small_split_settings(k, cols, split_steps=split_steps,
+                                    bucket_in_filter=bucket_in_filter)
     check(logits, k, lengths, settings, buffers)
     assert usable(buffers, settings, torch.tensor([k, k, k])).all()  # no fallback
     check(logits, k, random_lengths(3, cols, g), settings)
@@ -352,6 +355,31 @@ def test_long_rows_whose_sample_misleads():
     assert (buffers["cand_count"].cpu() < k).all()
 
 
+@pytest.mark.parametrize("bucket_in_filter", [True, False],
+                         ids=["filter-buckets", "select-buckets"])
+def test_long_rows_larger_than_the_sample_saw(bucket_in_filter):
+    """The filter's bucket range ends at the sample's largest pair: the row's larger
+    values, in columns the sample skips, all fall in bucket 0 (one crowded bucket) and
+    are ranked exactly among themselves; values equal to the sample's largest too."""
+    cols, k = 3000, 300
+    settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
+    logits = make_logits("normal", 3, cols, torch.float32, seed=18)
+    stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
+    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
+    column = torch.arange(cols, device=DEVICE)
+    unsampled = column % stride >= topk.SAMPLE_CHUNK
+    big = unsampled & (column % 13 == 0)  # about 200 columns the sample never sees
+    logits[0, big] += 50
+    logits[1, big] = 7.0  # one tied value above the sample's largest
+    logits[2, big] = logits[2, ~unsampled].max()  # ties with the sample's largest pair's key
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    assert usable(buffers, settings, torch.full((3,), k)).all()
+    if bucket_in_filter:  # every big column counted in bucket 0
+        counts = buffers["counts"].cpu()[:, 0]
+        assert (counts >= int(big.sum())).all()
+
+
 def test_k_2048_short_rows():
     g = generator(8)
     logits = make_logits("few-distinct", 2, 2600, torch.bfloat16, seed=8)
@@ -417,6 +445,16 @@ def test_dependent_launch_rule_at_the_bench_shapes():
                 (512, 8192): topk.PDL_AT_EXIT, (4, 4096): topk.PDL_NONE}
     for (rows, cols), mode in expected.items():
         assert topk.topk_settings(rows, cols, 2048, interpreted=False).pdl == mode
+
+
+def test_filter_buckets_rule_at_the_bench_shapes():
+    """Short launches and dense candidates (512 x 8192: a quarter of each row) bucket in
+    the filter kernel; long sparse rows in the select kernel."""
+    expected = {(1, 131072): True, (64, 8192): True, (64, 65536): False,
+                (128, 65536): False, (512, 8192): True}
+    for (rows, cols), bucket_in_filter in expected.items():
+        s = topk.topk_settings(rows, cols, 2048, interpreted=False)
+        assert s.bucket_in_filter == bucket_in_filter, (rows, cols)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["none", "early", "at-exit"])

@@ -66,6 +66,12 @@ RANK_CHUNK = 256  # pairs ranked per program
 SHORT_RANK_CHUNK = 128  # ... in launches of fewer than FILTER_STEPS_FROM elements
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
+# The filter kernel buckets the candidates (bucket_in_filter) in short launches (its
+# programs fit the SMs: the select kernel's atomics were the longer chain) and where
+# candidates are at least this fraction of a row (as many atomics either way); not for
+# sparse candidates in long launches, where every column pays for the filter's bucketing
+# (measured in BENCHMARKS.md).
+BUCKET_IN_FILTER_DENSITY = 8  # candidates >= cols / this
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
 # measured in BENCHMARKS.md.
@@ -89,6 +95,10 @@ class TopKSettings(NamedTuple):
     sample_digit_bits: int = 1  # bits of the sample's threshold decided per pass
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
     sample_warps: int = 0  # the sample kernel's warps; 0: see MAX_SAMPLE_WARPS
+    # The filter kernel counts its candidates into the select kernel's buckets (their
+    # range set by the sample kernel), so that the select kernel places them without
+    # atomics (with splits only; see topk_settings).
+    bucket_in_filter: bool = True
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
     # PDL_NONE, PDL_EARLY or PDL_AT_EXIT (kernels.dependent_launch).
@@ -141,7 +151,9 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     one's programs exit (rows read whole, and the interpreter, launch plainly). A short
     launch (fewer than ``FILTER_STEPS_FROM`` elements) selects with fewer warps and ranks
     ``SHORT_RANK_CHUNK`` pairs a program: its time is the chain of its kernels' steps,
-    not their throughput (measured: BENCHMARKS.md, "The top-k").
+    not their throughput (measured: BENCHMARKS.md, "The top-k"). The filter kernel
+    buckets the candidates for the select kernel in short launches and where they are at
+    least ``1 / BUCKET_IN_FILTER_DENSITY`` of a row.
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -159,10 +171,12 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
+    dense = expected_candidates(cols, k, sample) * BUCKET_IN_FILTER_DENSITY >= cols
     return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block,
                         _select_warps(block, short), RADIX_BITS,
                         chunk=SHORT_RANK_CHUNK if short else RANK_CHUNK, split_steps=steps,
-                        pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT)
+                        pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT,
+                        bucket_in_filter=short or dense)
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
@@ -225,6 +239,7 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     common = dict(row_stride=plan.row_stride, cols=cols, IS_BF16=plan.is_bf16,
                   HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl)
     sample = filter_ = filter_grid = None
+    buckets = s.block if s.splits and s.bucket_in_filter else 0
     if s.splits:
         chunks = s.sample_block // SAMPLE_CHUNK
         sample_stride = -(-cols // chunks)
@@ -235,11 +250,11 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
             options=options,
             **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
-            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits)
+            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits, BUCKETS=buckets)
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
                                        **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,
-                                       BLOCK=s.step)
+                                       BLOCK=s.step, BUCKETS=buckets)
         filter_grid = (rows, s.splits)
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
@@ -249,7 +264,7 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
         **common, k=k,
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
+        BUCKETED=buckets > 0, BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
     chunk = min(s.chunk, s.block)
     rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
                               out_row_stride=plan.out_row_stride, BLOCK=s.block, CHUNK=chunk,
@@ -280,17 +295,21 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
         threshold = torch.empty((rows,), dtype=torch.int32, device=device)
         cand_count = torch.empty((rows,), dtype=torch.int32, device=device)
         cand = torch.empty((rows, s.block), dtype=torch.int64, device=device)
+        # Each candidate's slot in its bucket (not read unless the filter buckets).
+        cand_slot = (torch.empty((rows, s.block), dtype=torch.int32, device=device)
+                     if s.bucket_in_filter else counts)
         sample((rows,), logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
-               cand_count_ptr=cand_count)
+               cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts)
         filter_(filter_grid, logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
-                cand_ptr=cand, cand_count_ptr=cand_count)
+                cand_ptr=cand, cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts,
+                cand_slot_ptr=cand_slot)
         if buffers is not None:
-            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand)
+            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand, counts=counts)
     else:
-        cand, cand_count = scratch, out  # not read: FROM_CANDIDATES is False
+        cand, cand_count, cand_slot = scratch, out, out  # not read: FROM_CANDIDATES is False
     select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
-           cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta,
-           out_ptr=out)
+           cand_count_ptr=cand_count, cand_slot_ptr=cand_slot, scratch_ptr=scratch,
+           counts_ptr=counts, meta_ptr=meta, out_ptr=out)
     rank(rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta, out_ptr=out)
 
 

@@ -14,13 +14,16 @@ in the result is the number of the row's pairs above it: its rank.
 registers and places them (``_place``): it cuts the range between the largest and the
 smallest pair into ``BLOCK`` buckets of equal width, counts the pairs per bucket with
 atomic adds (which also give each pair a slot in its bucket) and writes the pairs bucket
-by bucket to a scratch row. ``topk_rank_kernel`` (programs per row and chunk of the
-scratch row) then ranks each pair as its bucket's start plus the number of the bucket's
-pairs above it. For smoothly spread values buckets hold a pair or two, so ranking costs a
-few compares per pair, where a sorting network costs a few hundred (``tl.sort``'s cost:
-BENCHMARKS.md, "The top-k"); a crowded bucket (a long run of equal values, or an outlier
-that stretches the range) costs the square of its size, exact all the same. Only the
-pairs of buckets that start within the first ``k`` ranks are ranked.
+by bucket to a scratch row. (Or the filter kernel below has counted its candidates into
+buckets already, over the range from the sample's largest pair down to the threshold,
+and the select kernel only writes them out: ``BUCKETS``/``BUCKETED``.)
+``topk_rank_kernel`` (programs per row and chunk of the scratch row) then ranks each pair
+as its bucket's start plus the number of the bucket's pairs above it. For smoothly spread
+values buckets hold a pair or two, so ranking costs a few compares per pair, where a
+sorting network costs a few hundred (``tl.sort``'s cost: BENCHMARKS.md, "The top-k"); a
+crowded bucket (a long run of equal values, or an outlier that stretches the range)
+costs the square of its size, exact all the same. Only the pairs of buckets that start
+within the first ``k`` ranks are ranked.
 
 The source is the row itself when it fits; a longer row's candidates otherwise:
 ``topk_sample_kernel`` picks a key threshold from a fixed sample of the row (a little
@@ -236,17 +239,21 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
 @triton.jit(do_not_specialize=["cols", "k", "sample_stride"])
 def topk_sample_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k,
-    sample_stride, threshold_ptr, cand_count_ptr,
+    sample_stride, threshold_ptr, cand_count_ptr, meta_ptr, counts_ptr,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     CHUNK: tl.constexpr,
     SAMPLE_BLOCK: tl.constexpr,
     BITS: tl.constexpr,
     DIGIT_BITS: tl.constexpr,
+    BUCKETS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
-    holding the uint32 key), and ``cand_count[row] = 0``.
+    holding the uint32 key), and ``cand_count[row] = 0``. With ``BUCKETS`` (the filter
+    buckets its candidates), also the buckets' range: ``meta[row, 0]`` the largest pair
+    the sample saw, ``meta[row, 1]`` the shift that maps it down to the threshold's pair
+    into ``BUCKETS`` buckets, and ``counts[row, :BUCKETS] = 0``.
 
     The sample is ``SAMPLE_BLOCK`` columns, chunks of ``CHUNK`` consecutive columns every
     ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
@@ -290,6 +297,18 @@ def topk_sample_kernel(
                 threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
     tl.store(cand_count_ptr + row, 0)
+    if BUCKETS > 0:
+        # The sample's largest pair stands for the row's: pairs above it share bucket 0
+        # (ranked exactly all the same). The threshold's pair is below every candidate.
+        top = _pair(tl.max(key, 0), tl.full([], WORD_MASK, tl.uint32))
+        bottom = threshold.to(tl.uint64) << 32
+        # At least 32: buckets follow keys alone (the filter's _bucket_of_key).
+        shift = tl.maximum(_shift_for(tl.where(top > bottom, top - bottom, 0), BUCKETS), 32)
+        field = tl.arange(0, 2)
+        tl.store(meta_ptr + row * 4 + field,
+                 tl.where(field == 0, top.to(tl.int64, bitcast=True), shift.to(tl.int64)))
+        tl.store(counts_ptr + row * (2 * BUCKETS) + tl.arange(0, BUCKETS),
+                 tl.zeros([BUCKETS], tl.int32))
 
 
 @triton.jit
@@ -308,9 +327,11 @@ def _filter_block(row_ptr, block, end, offsets, IS_BF16: tl.constexpr, BLOCK: tl
 def topk_filter_kernel(
     logits_ptr, row_stride, cols, lengths_ptr,
     split_cols, threshold_ptr, cand_ptr, cand_count_ptr, capacity,
+    meta_ptr, counts_ptr, cand_slot_ptr,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     BLOCK: tl.constexpr,
+    BUCKETS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row, split): appends the pairs of columns ``[split * split_cols,
@@ -320,6 +341,12 @@ def topk_filter_kernel(
     ``capacity``: only what fits is written). The order of the candidates varies from run
     to run; the result does not.
 
+    With ``BUCKETS``, each candidate is also counted in its bucket of the range
+    the sample kernel set (``meta[row, :2]``), by an atomic add on ``counts[row,
+    bucket]`` whose old value, the candidate's slot in its bucket, goes to
+    ``cand_slot[row]`` beside it: the select kernel then places the candidates without
+    atomics of its own, and these, spread over the filter's many programs, overlap.
+
     Each step's block is loaded a step ahead, so that the load is in flight while the step
     before waits for its atomic (``split_cols`` is a multiple of ``BLOCK``)."""
     wait_for_previous_kernel(USE_PDL)
@@ -327,6 +354,9 @@ def topk_filter_kernel(
     split = tl.program_id(1)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     threshold = tl.load(threshold_ptr + row).to(tl.uint32, bitcast=True)
+    if BUCKETS > 0:  # the range's largest key and the shift of keys (see _bucket_of_key)
+        top_key = (tl.load(meta_ptr + row * 4).to(tl.uint64, bitcast=True) >> 32).to(tl.uint32)
+        key_shift = (tl.load(meta_ptr + row * 4 + 1) - 32).to(tl.uint32)
     row_ptr = logits_ptr + row * row_stride
     cand_row_ptr = cand_ptr + row * capacity
     start = split.to(tl.int64) * split_cols
@@ -340,11 +370,20 @@ def topk_filter_kernel(
         take = live & (key >= threshold)
         taken = tl.sum(take.to(tl.int32), 0)
         if taken > 0:
+            if BUCKETS > 0:
+                # Issued with the count's atomic, not after it (one round trip, not two):
+                # candidates past the capacity are counted too, but then the select
+                # kernel does not use the counts.
+                bucket = _bucket_of_key(key, top_key, key_shift, BUCKETS)
+                slot = tl.atomic_add(counts_ptr + row * (2 * BUCKETS) + bucket,
+                                     tl.full([BLOCK], 1, tl.int32), mask=take, sem="relaxed")
             base = tl.atomic_add(cand_count_ptr + row, taken, sem="relaxed")
             position = base + _positions(take, BLOCK)
+            kept = take & (position < capacity)
+            if BUCKETS > 0:
+                tl.store(cand_slot_ptr + row * capacity + position, slot, mask=kept)
             pair = _pair(key, ~(block + offsets).to(tl.uint32))
-            tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True),
-                     mask=take & (position < capacity))
+            tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True), mask=kept)
 
 
 @triton.jit
@@ -445,25 +484,35 @@ def _shift_for(span, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _bucket_of(pair, top, shift):
-    """Pair ``x``'s bucket, ``(top - x) >> shift``: larger pairs, lower buckets."""
-    return ((top - pair) >> shift).to(tl.int32)
+def _bucket_of(pair, top, shift, BUCKETS: tl.constexpr):
+    """Pair ``x``'s bucket, ``(top - x) >> shift``: larger pairs, lower buckets; pairs
+    above ``top`` in bucket 0, and none past the last (a range set from a sample need
+    not hold every pair)."""
+    below = tl.where(pair < top, top - pair, 0)
+    return tl.minimum(below >> shift, BUCKETS - 1).to(tl.int32)
+
+
+@triton.jit
+def _bucket_of_key(key, top_key, key_shift, BUCKETS: tl.constexpr):
+    """``_bucket_of(pair, top, shift)`` from the pair's key alone, in 32-bit operations,
+    for a ``top`` whose low word is all ones and ``shift = 32 + key_shift``: then ``top -
+    pair`` is ``(top_key - key) * 2**32`` plus less than ``2**32`` for every pair at or
+    below ``top``, and ``top - pair >> shift`` is ``top_key - key >> key_shift``."""
+    below = tl.where(key < top_key, top_key - key, 0)
+    return tl.minimum(below >> key_shift, BUCKETS - 1).to(tl.int32)
 
 
 @triton.jit
 def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
            BLOCK: tl.constexpr):
     """Writes the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``) to ``sorted_row`` (int64
-    ``[BLOCK]``) bucket by bucket, the buckets' counts and starts to ``counts_row`` (int32
-    ``[2 * BLOCK]``), and to ``meta_row`` (int64 ``[4]``) the largest pair, the shift that
-    maps the pairs' range to ``BLOCK`` buckets, the number of pairs in the buckets that
-    start below ``want`` (where every rank below ``want`` lies), and ``want``."""
+    ``[BLOCK]``) bucket by bucket, over ``BLOCK`` buckets from the largest pair to the
+    smallest, counted here by atomic adds (``_write_placed`` does the rest)."""
     top = tl.max(tl.where(valid, pair, 0), 0)
     bottom = ~tl.max(tl.where(valid, ~pair, 0), 0)
     shift = _shift_for(top - bottom, BLOCK)
-    bucket = tl.where(valid, _bucket_of(pair, top, shift), 0)
+    bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
     bins = tl.arange(0, BLOCK)
-    starts_row_ptr = counts_row_ptr + BLOCK
     tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
     tl.debug_barrier()
     # The old count is the pair's slot in its bucket (atomics give every pair its own).
@@ -471,8 +520,22 @@ def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
                          sem="relaxed")
     tl.debug_barrier()
     count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
+    _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row_ptr,
+                  sorted_row_ptr, meta_row_ptr, BLOCK)
+
+
+@triton.jit
+def _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row_ptr,
+                  sorted_row_ptr, meta_row_ptr, BLOCK: tl.constexpr):
+    """Writes the ``valid`` pairs, each of ``bucket`` (``_bucket_of(pair, top, shift)``)
+    with its own ``slot`` there, to ``sorted_row`` bucket by bucket, given the buckets'
+    ``count`` (already in ``counts_row[:BLOCK]``, int32); the buckets' starts to
+    ``counts_row[BLOCK:]``, and to ``meta_row`` (int64 ``[4]``) ``top``, ``shift``, the number of pairs
+    in the buckets that start below ``want`` (where every rank below ``want`` lies), and
+    ``want``."""
+    bins = tl.arange(0, BLOCK)
     start = tl.cumsum(count, 0) - count
-    tl.store(starts_row_ptr + bins, start)  # for the rank kernel
+    tl.store(counts_row_ptr + BLOCK + bins, start)  # for the rank kernel
     # Each pair's bucket start from registers (through shared memory), not read back.
     first = tl.gather(start, bucket, 0)
     tl.store(sorted_row_ptr + first + slot, pair.to(tl.int64, bitcast=True), mask=valid)
@@ -487,11 +550,12 @@ def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
 @triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
 def topk_select_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
-    cand_ptr, cand_count_ptr, capacity,
+    cand_ptr, cand_count_ptr, capacity, cand_slot_ptr,
     scratch_ptr, counts_ptr, meta_ptr, out_ptr, out_row_stride,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     FROM_CANDIDATES: tl.constexpr,
+    BUCKETED: tl.constexpr,
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
@@ -509,6 +573,11 @@ def topk_select_kernel(
     the radix selection's survivors, then the placed pairs), ``counts`` (int32 ``[rows, 2 *
     BLOCK]``) and ``meta`` (int64 ``[rows, 4]``) are for the rank kernel.
 
+    ``BUCKETED`` (with ``FROM_CANDIDATES``): the filter kernel counted the candidates in
+    their buckets (``counts[row, :BLOCK]``, the range in ``meta[row, :2]``, each
+    candidate's slot in ``cand_slot``): placing them takes no atomics. The other sources
+    are placed as without it.
+
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
     radix tie passes start below them.
@@ -524,11 +593,19 @@ def topk_select_kernel(
     use_candidates = want < 0  # False
     cand_count = n
     cand = tl.zeros([BLOCK], tl.uint64)  # not read unless FROM_CANDIDATES
+    counts_row_ptr = counts_ptr + row * (2 * BLOCK)
+    meta_row_ptr = meta_ptr + row * 4
     if FROM_CANDIDATES:
         # The whole buffer is asked for with the count, not after it (a round trip less);
         # what lies past the count is masked below.
         cand = tl.load(cand_ptr + row * capacity + i, mask=i < capacity, other=0).to(
             tl.uint64, bitcast=True)
+        if BUCKETED:  # likewise
+            cand_slot = tl.load(cand_slot_ptr + row * capacity + i, mask=i < capacity,
+                                other=0)
+            count = tl.load(counts_row_ptr + i)
+            top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
+            shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
         cand_count = tl.load(cand_count_ptr + row)
         use_candidates = (cand_count >= want) & (cand_count <= capacity)
     if use_candidates:
@@ -546,8 +623,15 @@ def topk_select_kernel(
         pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
-    _place(pair, valid, want, counts_ptr + row * (2 * BLOCK), scratch_row_ptr,
-           meta_ptr + row * 4, BLOCK)
+    if BUCKETED:
+        if use_candidates:
+            bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
+            _write_placed(pair, valid, bucket, cand_slot, count, top, shift, want,
+                          counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
+        else:
+            _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
+    else:
+        _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
     out_row_ptr = out_ptr + row * out_row_stride
     for start in range(0, k, BLOCK):  # ranks want .. k - 1: no column
         rank = start + i
@@ -584,7 +668,7 @@ def topk_rank_kernel(
         counts_row_ptr = counts_ptr + row * (2 * BLOCK)
         live = p < end
         x = tl.where(live, x, 0)
-        b = tl.where(live, _bucket_of(x, top, shift), 0)
+        b = tl.where(live, _bucket_of(x, top, shift, BLOCK), 0)
         b_start = tl.load(counts_row_ptr + BLOCK + b, mask=live, other=0)
         b_count = tl.load(counts_row_ptr + b, mask=live, other=0)
         above = tl.zeros([CHUNK], tl.int32)
