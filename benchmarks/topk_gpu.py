@@ -16,8 +16,8 @@
 
 Candidate settings: ``default`` is ``topk_settings``' choice; the others change one thing
 of it (``sampled``: short rows through the sample and filter kernels; ``direct``: rows up
-to 8192 columns ranked whole; ``select-buckets``: the select kernel counts the candidates
-into its buckets instead of the filter kernel).
+to 8192 columns ranked whole; ``select-buckets``/``filter-buckets``: the candidates
+counted into their buckets by the other kernel than the default's).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
 "bytes", ...}``) and ``topk_gpu.txt`` to ``$OUT`` when it is set; prints a table last.
@@ -96,7 +96,8 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         other_warps = 16 if base.select_warps < 16 else 8
         other_chunk = topk.RANK_CHUNK if base.chunk != topk.RANK_CHUNK else topk.SHORT_RANK_CHUNK
         variants = [
-            ("select-buckets", dict(bucket_in_filter=not base.bucket_in_filter)),
+            ("select-buckets" if base.bucket_in_filter else "filter-buckets",
+             dict(bucket_in_filter=not base.bucket_in_filter)),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
             (f"select-w{other_warps}", dict(select_warps=other_warps)),
             (f"chunk{other_chunk}", dict(chunk=other_chunk)),

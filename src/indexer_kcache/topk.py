@@ -66,12 +66,11 @@ RANK_CHUNK = 256  # pairs ranked per program
 SHORT_RANK_CHUNK = 128  # ... in launches of fewer than FILTER_STEPS_FROM elements
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
-# The filter kernel buckets the candidates (bucket_in_filter) in short launches (its
-# programs fit the SMs: the select kernel's atomics were the longer chain) and where
-# candidates are at least this fraction of a row (as many atomics either way); not for
-# sparse candidates in long launches, where every column pays for the filter's bucketing
-# (measured in BENCHMARKS.md).
-BUCKET_IN_FILTER_DENSITY = 8  # candidates >= cols / this
+# The filter kernel buckets the candidates (bucket_in_filter) while it has at most this
+# many programs: then they run at once and the select kernel's atomics were the longer
+# chain; with more, every column pays for the filter's bucketing (measured in
+# BENCHMARKS.md).
+BUCKET_IN_FILTER_MAX_PROGRAMS = 128
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
 # measured in BENCHMARKS.md.
@@ -152,8 +151,8 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     launch (fewer than ``FILTER_STEPS_FROM`` elements) selects with fewer warps and ranks
     ``SHORT_RANK_CHUNK`` pairs a program: its time is the chain of its kernels' steps,
     not their throughput (measured: BENCHMARKS.md, "The top-k"). The filter kernel
-    buckets the candidates for the select kernel in short launches and where they are at
-    least ``1 / BUCKET_IN_FILTER_DENSITY`` of a row.
+    buckets the candidates for the select kernel while it has at most
+    ``BUCKET_IN_FILTER_MAX_PROGRAMS`` programs.
     """
     want_block = max(_next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -171,12 +170,11 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
-    dense = expected_candidates(cols, k, sample) * BUCKET_IN_FILTER_DENSITY >= cols
     return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block,
                         _select_warps(block, short), RADIX_BITS,
                         chunk=SHORT_RANK_CHUNK if short else RANK_CHUNK, split_steps=steps,
                         pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT,
-                        bucket_in_filter=short or dense)
+                        bucket_in_filter=rows * splits <= BUCKET_IN_FILTER_MAX_PROGRAMS)
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
