@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from indexer_kcache import topk
+from indexer_kcache.kernels.topk import MAX_TOP_BUCKET
 from indexer_kcache.reference import topk as reference
 
 from .cases import DEVICE
@@ -125,7 +126,8 @@ def small_split_settings(k, cols, step=256, split_steps=4, **changes) -> topk.To
     block = max(1 << max(min(k, cols) - 1, 0).bit_length(), 32)
     base = topk.TopKSettings(splits=-(-cols // (step * split_steps)), step=step, filter_warps=4,
                              sample_block=256, block=max(8 * block, 256), select_warps=4,
-                             radix_bits=4, stream_block=512, chunk=64, split_steps=split_steps)
+                             radix_bits=4, stream_block=512, chunk=64, split_steps=split_steps,
+                             bucket_in_filter=True)
     return base._replace(**changes)
 
 
@@ -133,6 +135,19 @@ def usable(buffers, settings, want) -> torch.Tensor:
     """Per row: whether the select kernel ranks the candidates (else the radix selection)."""
     counts = buffers["cand_count"].cpu()
     return (counts >= want) & (counts <= settings.block)
+
+
+def sampled_columns(cols: int, settings: topk.TopKSettings) -> torch.Tensor:
+    """Whether the sample kernel reads each column of a full row (bool [cols])."""
+    stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
+    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
+    return torch.arange(cols, device=DEVICE) % stride < topk.SAMPLE_CHUNK
+
+
+def placed_over_the_sample_range(buffers) -> torch.Tensor:
+    """Per row: whether the select kernel kept the filter's buckets, whose range starts at
+    a pair with low word all ones (the sample's largest key), not at the largest pair."""
+    return (buffers["meta"][:, 0].cpu() & 0xFFFFFFFF) == 0xFFFFFFFF
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -303,13 +318,15 @@ def test_sample_threshold_is_the_sampled_key(digit_bits, short_rows):
         assert int(got[row]) == int(want), (row, n)
 
 
-def test_long_rows_overflowing_the_candidates():
+@pytest.mark.parametrize("bucket_in_filter", [True, False],
+                         ids=["filter-buckets", "select-buckets"])
+def test_long_rows_overflowing_the_candidates(bucket_in_filter):
     """Rows of equal values: every column reaches the threshold; the select kernel finds
     the top k in the row itself."""
     cols, k = 3000, 100
     logits = make_logits("all-equal", 2, cols, torch.float32)
     buffers = {}
-    settings = small_split_settings(k, cols)
+    settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
     check(logits, k, None, settings, buffers)
     assert (buffers["cand_count"].cpu() > settings.block).all()
 
@@ -340,44 +357,66 @@ def test_long_rows_whose_candidates_fit_the_block_or_not():
         assert usable(buffers, settings, torch.full((4,), k)).eq(ranked).all()
 
 
-def test_long_rows_whose_sample_misleads():
+@pytest.mark.parametrize("bucket_in_filter", [True, False],
+                         ids=["filter-buckets", "select-buckets"])
+def test_long_rows_whose_sample_misleads(bucket_in_filter):
     """The sample sees only large values, the row has few: fewer candidates than k, so
     the select kernel reads the row itself."""
     cols, k = 3000, 300
-    settings = small_split_settings(k, cols, sample_block=64)
+    settings = small_split_settings(k, cols, sample_block=64, bucket_in_filter=bucket_in_filter)
     logits = make_logits("normal", 2, cols, torch.float32)
-    stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
-    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
-    column = torch.arange(cols, device=DEVICE)
-    logits[:, column % stride < topk.SAMPLE_CHUNK] += 100  # exactly the sampled columns
+    logits[:, sampled_columns(cols, settings)] += 100  # exactly the sampled columns
     buffers = {}
     check(logits, k, None, settings, buffers)
     assert (buffers["cand_count"].cpu() < k).all()
 
 
+@pytest.mark.parametrize("extra", [20, 200], ids=["few", "crowded"])
 @pytest.mark.parametrize("bucket_in_filter", [True, False],
                          ids=["filter-buckets", "select-buckets"])
-def test_long_rows_larger_than_the_sample_saw(bucket_in_filter):
+def test_long_rows_larger_than_the_sample_saw(bucket_in_filter, extra):
     """The filter's bucket range ends at the sample's largest pair: the row's larger
-    values, in columns the sample skips, all fall in bucket 0 (one crowded bucket) and
-    are ranked exactly among themselves; values equal to the sample's largest too."""
+    values, in columns the sample skips, all fall in bucket 0 and are ranked exactly
+    among themselves (also when tied with each other or with the sample's largest key).
+    With more of them than MAX_TOP_BUCKET, the select kernel places the candidates over
+    their own range instead (a crowded bucket costs the square of its size)."""
     cols, k = 3000, 300
     settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
     logits = make_logits("normal", 3, cols, torch.float32, seed=18)
-    stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
-    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
-    column = torch.arange(cols, device=DEVICE)
-    unsampled = column % stride >= topk.SAMPLE_CHUNK
-    big = unsampled & (column % 13 == 0)  # about 200 columns the sample never sees
-    logits[0, big] += 50
-    logits[1, big] = 7.0  # one tied value above the sample's largest
-    logits[2, big] = logits[2, ~unsampled].max()  # ties with the sample's largest pair's key
+    sampled = sampled_columns(cols, settings)
+    big = (~sampled).nonzero().flatten()[torch.randperm(int((~sampled).sum()),
+                                                        generator=generator(18))[:extra]]
+    logits[0, big.to(DEVICE)] += 50
+    logits[1, big.to(DEVICE)] = 7.0  # one tied value above the sample's largest
+    logits[2, big.to(DEVICE)] = logits[2, sampled].max()  # ties with the sample's largest key
     buffers = {}
     check(logits, k, None, settings, buffers)
     assert usable(buffers, settings, torch.full((3,), k)).all()
-    if bucket_in_filter:  # every big column counted in bucket 0
-        counts = buffers["counts"].cpu()[:, 0]
-        assert (counts >= int(big.sum())).all()
+    kept = placed_over_the_sample_range(buffers)
+    assert kept.eq(bucket_in_filter and extra <= MAX_TOP_BUCKET.value).all(), kept
+
+
+@pytest.mark.parametrize("bucket_in_filter", [True, False],
+                         ids=["filter-buckets", "select-buckets"])
+def test_long_rows_of_candidates_a_few_keys_apart(bucket_in_filter):
+    """Candidates whose keys all lie within fewer than ``block`` steps of the threshold:
+    the bucket range is at its narrowest (shift 32: a bucket per key), ties broken by
+    column within a bucket."""
+    cols, k = 3000, 300
+    settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
+    g = generator(19)
+    one = 0x3F800000  # 1.0f: its key's low 16 bits are zero, as the threshold's are
+    bits = one + torch.randint(0, settings.block // 2, (2, cols), generator=g, dtype=torch.int32)
+    logits = bits.view(torch.float32)
+    low = torch.rand(2, cols, generator=g) < 0.4
+    logits[low] = -10 + torch.randn(int(low.sum()), generator=g)
+    logits = logits.to(DEVICE)
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    assert usable(buffers, settings, torch.full((2,), k)).all()
+    if bucket_in_filter:
+        assert placed_over_the_sample_range(buffers).all()
+        assert (buffers["meta"][:, 1].cpu() == 32).all()
 
 
 def test_k_2048_short_rows():

@@ -97,7 +97,7 @@ class TopKSettings(NamedTuple):
     # The filter kernel counts its candidates into the select kernel's buckets (their
     # range set by the sample kernel), so that the select kernel places them without
     # atomics (with splits only; see topk_settings).
-    bucket_in_filter: bool = True
+    bucket_in_filter: bool = False
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
     # PDL_NONE, PDL_EARLY or PDL_AT_EXIT (kernels.dependent_launch).
@@ -164,9 +164,10 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     block = min(max(2 * want_block, _next_power_of_2(-(-5 * expected_candidates(
         cols, k, sample) // 4))), MAX_SORTED)
     if interpreted:  # the interpreter's cost is per program: few, large ones
+        # (Candidates bucketed by the filter: the path with the more to check.)
         steps = -(-cols // (4 * FILTER_STEP))
         return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
-                            RADIX_BITS, split_steps=steps)
+                            RADIX_BITS, split_steps=steps, bucket_in_filter=True)
     short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
@@ -302,7 +303,8 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
                 cand_ptr=cand, cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts,
                 cand_slot_ptr=cand_slot)
         if buffers is not None:
-            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand, counts=counts)
+            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand, counts=counts,
+                           meta=meta)
     else:
         cand, cand_count, cand_slot = scratch, out, out  # not read: FROM_CANDIDATES is False
     select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,

@@ -56,6 +56,10 @@ SCAN_WIDTH = 16
 # wanted count, rarely below it or past twice it.
 MARGIN_SIGMAS = tl.constexpr(4.0)
 MARGIN_EXTRA = tl.constexpr(8)
+# Candidates bucketed by the filter kernel are placed as they are while bucket 0 (the
+# pairs above the sample's largest: about cols / sampled columns of them in a row whose
+# sample is representative) holds at most this many.
+MAX_TOP_BUCKET = tl.constexpr(64)
 
 
 @triton.constexpr_function
@@ -266,6 +270,7 @@ def topk_sample_kernel(
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
+    tl.static_assert(BUCKETS == 0 or BUCKETS >= 2, "a bucket range needs two buckets")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
@@ -302,7 +307,8 @@ def topk_sample_kernel(
         # (ranked exactly all the same). The threshold's pair is below every candidate.
         top = _pair(tl.max(key, 0), tl.full([], WORD_MASK, tl.uint32))
         bottom = threshold.to(tl.uint64) << 32
-        # At least 32: buckets follow keys alone (the filter's _bucket_of_key).
+        # At least 32: buckets follow keys alone (the filter's _bucket_of_key); at most
+        # 64 - log2(BUCKETS), so that the key's shift stays below 32.
         shift = tl.maximum(_shift_for(tl.where(top > bottom, top - bottom, 0), BUCKETS), 32)
         field = tl.arange(0, 2)
         tl.store(meta_ptr + row * 4 + field,
@@ -530,9 +536,9 @@ def _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row
     """Writes the ``valid`` pairs, each of ``bucket`` (``_bucket_of(pair, top, shift)``)
     with its own ``slot`` there, to ``sorted_row`` bucket by bucket, given the buckets'
     ``count`` (already in ``counts_row[:BLOCK]``, int32); the buckets' starts to
-    ``counts_row[BLOCK:]``, and to ``meta_row`` (int64 ``[4]``) ``top``, ``shift``, the number of pairs
-    in the buckets that start below ``want`` (where every rank below ``want`` lies), and
-    ``want``."""
+    ``counts_row[BLOCK:]``, and to ``meta_row`` (int64 ``[4]``) ``top``, ``shift``, the
+    number of pairs in the buckets that start below ``want`` (where every rank below
+    ``want`` lies), and ``want``."""
     bins = tl.arange(0, BLOCK)
     start = tl.cumsum(count, 0) - count
     tl.store(counts_row_ptr + BLOCK + bins, start)  # for the rank kernel
@@ -575,8 +581,11 @@ def topk_select_kernel(
 
     ``BUCKETED`` (with ``FROM_CANDIDATES``): the filter kernel counted the candidates in
     their buckets (``counts[row, :BLOCK]``, the range in ``meta[row, :2]``, each
-    candidate's slot in ``cand_slot``): placing them takes no atomics. The other sources
-    are placed as without it.
+    candidate's slot in ``cand_slot``): placing them takes no atomics. Unless bucket 0,
+    where every pair above the sample's largest falls, holds more than
+    ``MAX_TOP_BUCKET`` (a row whose largest values the sample missed, as a run of them
+    past its last sampled chunk): ranking a crowded bucket costs the square of its size,
+    so those candidates, like the other sources, are placed over their own range.
 
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
@@ -584,6 +593,7 @@ def topk_select_kernel(
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
+    tl.static_assert(FROM_CANDIDATES or not BUCKETED, "only candidates come bucketed")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
@@ -604,6 +614,7 @@ def topk_select_kernel(
             cand_slot = tl.load(cand_slot_ptr + row * capacity + i, mask=i < capacity,
                                 other=0)
             count = tl.load(counts_row_ptr + i)
+            top_count = tl.load(counts_row_ptr)  # count[0], as a scalar (no reduction)
             top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
             shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
         cand_count = tl.load(cand_count_ptr + row)
@@ -624,7 +635,7 @@ def topk_select_kernel(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
     if BUCKETED:
-        if use_candidates:
+        if use_candidates & (top_count <= MAX_TOP_BUCKET):
             bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
             _write_placed(pair, valid, bucket, cand_slot, count, top, shift, want,
                           counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
