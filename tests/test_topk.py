@@ -470,6 +470,8 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         expected = topk.expected_candidates(cols, k, s.sample_block)
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
+    # The filter buckets the candidates only while its programs are few.
+    assert s.bucket_in_filter == (0 < rows * s.splits <= topk.BUCKET_IN_FILTER_MAX_PROGRAMS)
     # Early release only while the filter's programs leave SMs free.
     if s.splits:
         early = rows * s.splits <= topk.PDL_MAX_PROGRAMS
