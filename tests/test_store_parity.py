@@ -567,6 +567,29 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
                                     out_ptr="*i32", out_row_stride="i32"),
              dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)
+    # The top-k's other kernels with the candidates bucketed by the filter (sm_90 and gfx942).
+    from indexer_kcache.kernels.topk import (topk_filter_kernel, topk_sample_kernel,
+                                             topk_select_kernel)
+
+    rows = dict(logits_ptr="*fp32", row_stride="i32", cols="i32", lengths_ptr="*i32")
+    for target, pdl in ((SM90, 2), (GFX942, 0)):
+        common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=pdl)
+        compile_(topk_sample_kernel, dict(rows, k="i32", sample_stride="i32", threshold_ptr="*i32",
+                                          cand_count_ptr="*i32", meta_ptr="*i64",
+                                          counts_ptr="*i32"),
+                 dict(common, CHUNK=32, SAMPLE_BLOCK=1024, BITS=16, DIGIT_BITS=1, BUCKETS=4096),
+                 target, num_warps=4)
+        compile_(topk_filter_kernel, dict(rows, split_cols="i32", threshold_ptr="*i32",
+                                          cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32",
+                                          meta_ptr="*i64", counts_ptr="*i32",
+                                          cand_slot_ptr="*i32"),
+                 dict(common, BLOCK=1024, BUCKETS=4096), target, num_warps=4)
+    compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
+                                      cand_count_ptr="*i32", capacity="i32", cand_slot_ptr="*i32",
+                                      scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
+                                      out_ptr="*i32", out_row_stride="i32"),
+             dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
+                  BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=1), SM90, num_warps=8)
     print("compiled")
 """)
 
@@ -577,7 +600,8 @@ def test_kernels_compile_for_sm90_sm100_and_gfx942_without_a_gpu():
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
-    TRITON_INTERPRET; and the scorer and a top-k kernel for sm_90. Nothing runs."""
+    TRITON_INTERPRET; the scorer and the top-k's select and rank kernels for sm_90, its
+    sample and filter kernels for sm_90 and gfx942. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")
