@@ -261,10 +261,14 @@ def test_radix_digit_widths(kind, radix_bits):
 @pytest.mark.parametrize("kind", ["normal", "few-distinct", "all-equal", "magnitudes"])
 def test_ranking_steps(kind, chunk, width):
     """Ranking programs of few or many pairs, comparing few or many bucket members a
-    step: crowded buckets (few values) and sparse ones (magnitudes: a wide range)."""
+    step: crowded buckets (few values) and sparse ones (magnitudes: a wide range). With
+    32 or 64 pairs a program, a bucket crowded past the rank grid's chunks (all-equal:
+    one bucket holds the row) leaves its programs further chunks."""
     g = generator(16)
     logits = make_logits(kind, 3, 600, torch.float32, seed=16)
     settings = topk.topk_settings(3, 600, 200)._replace(chunk=chunk, width=width)
+    if chunk < 512:
+        assert topk.rank_programs(settings, 200, 600) * chunk < 600
     check(logits, 200, random_lengths(3, 600, g), settings)
 
 

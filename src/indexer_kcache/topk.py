@@ -33,7 +33,7 @@ from .reference import topk as reference_topk
 from .reference.logits import lengths_from_context
 
 __all__ = ["TopKPlan", "TopKSettings", "check_topk", "launch_topk", "lengths_from_context",
-           "run_topk", "top_k_indices", "top_k_indices_into", "topk_settings"]
+           "rank_programs", "run_topk", "top_k_indices", "top_k_indices_into", "topk_settings"]
 
 SAMPLE_KERNEL = Kernel(topk_sample_kernel)
 FILTER_KERNEL = Kernel(topk_filter_kernel)
@@ -268,7 +268,15 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
     rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
                               out_row_stride=plan.out_row_stride, BLOCK=s.block, CHUNK=chunk,
                               WIDTH=s.width, USE_PDL=pdl)
-    return sample, filter_, filter_grid, select, (rank, (rows, s.block // chunk))
+    return sample, filter_, filter_grid, select, (rank, (rows, rank_programs(s, k, cols)))
+
+
+def rank_programs(s: TopKSettings, k: int, cols: int) -> int:
+    """The rank kernel's programs a row: enough chunks for the first ranks and the rest
+    of the bucket that holds the last of them, unless a more crowded bucket leaves its
+    programs a second chunk (see ``topk_rank_kernel``)."""
+    chunk = min(s.chunk, s.block)
+    return min(s.block // chunk, -(-min(k, cols) // chunk) + 1)
 
 
 def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:

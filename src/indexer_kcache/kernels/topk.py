@@ -651,6 +651,29 @@ def topk_select_kernel(
 
 
 @triton.jit
+def _rank_chunk(x, p, end, want, top, shift, counts_row_ptr, sorted_row_ptr, out_row_ptr,
+                BLOCK: tl.constexpr, WIDTH: tl.constexpr):
+    """Ranks the placed pairs ``x`` at positions ``p`` of the sorted row (those below
+    ``end``) and writes ``out_row[rank] = column`` for the ranks below ``want``."""
+    live = p < end
+    x = tl.where(live, x, 0)
+    b = tl.where(live, _bucket_of(x, top, shift, BLOCK), 0)
+    b_start = tl.load(counts_row_ptr + BLOCK + b, mask=live, other=0)
+    b_count = tl.load(counts_row_ptr + b, mask=live, other=0)
+    above = tl.zeros_like(b_start)
+    lanes = tl.arange(0, WIDTH)
+    for member in range(0, tl.max(b_count, 0), WIDTH):
+        j = member + lanes
+        inside = j[None, :] < b_count[:, None]
+        y = tl.load(sorted_row_ptr + b_start[:, None] + j[None, :], mask=inside,
+                    other=0).to(tl.uint64, bitcast=True)
+        above += tl.sum((inside & (y > x[:, None])).to(tl.int32), 1)
+    rank = b_start + above
+    column = (~(x & WORD_MASK).to(tl.uint32)).to(tl.int32)
+    tl.store(out_row_ptr + rank, column, mask=live & (rank < want))
+
+
+@triton.jit
 def topk_rank_kernel(
     scratch_ptr, counts_ptr, meta_ptr, out_ptr, out_row_stride,
     BLOCK: tl.constexpr,
@@ -658,38 +681,36 @@ def topk_rank_kernel(
     WIDTH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """Program (row, chunk): ranks the pairs ``scratch[row, chunk * CHUNK ..]`` placed by
-    the select kernel, those below its ``end`` (``meta[row, 2]``), each as its bucket's
-    start plus the number of its bucket's pairs above it (``WIDTH`` compared a step), and
-    writes ``out[row, rank] = column`` for the ranks below ``want`` (``meta[row, 3]``)."""
+    """Program (row, c): ranks the pairs placed by the select kernel in the chunks ``c,
+    c + programs, ...`` of ``CHUNK`` pairs of ``scratch[row]``, those below its ``end``
+    (``meta[row, 2]``), each as its bucket's start plus the number of its bucket's pairs
+    above it (``WIDTH`` compared a step), and writes ``out[row, rank] = column`` for the
+    ranks below ``want`` (``meta[row, 3]``).
+
+    ``end`` is ``want`` plus at most the last bucket's size less one: a grid of about
+    ``want / CHUNK + 1`` programs a row leaves a second chunk to a program only when that
+    bucket is crowded, and launches no program that would find nothing to rank."""
     wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * CHUNK
     meta_row_ptr = meta_ptr + row * 4
     sorted_row_ptr = scratch_ptr + row * BLOCK
     p = first + tl.arange(0, CHUNK)
-    # The chunk is asked for with the meta, not after it (a round trip less): p < BLOCK
-    # stays inside the row, and pairs from ``end`` on are masked below.
+    # The first chunk is asked for with the meta, not after it (a round trip less):
+    # p < BLOCK stays inside the row, and pairs from ``end`` on are masked.
     x = tl.load(sorted_row_ptr + p, mask=p < BLOCK, other=0).to(tl.uint64, bitcast=True)
     top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
     shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
     end = tl.load(meta_row_ptr + 2).to(tl.int32)
     want = tl.load(meta_row_ptr + 3).to(tl.int32)
+    counts_row_ptr = counts_ptr + row * (2 * BLOCK)
+    out_row_ptr = out_ptr + row * out_row_stride
     if first < end:
-        counts_row_ptr = counts_ptr + row * (2 * BLOCK)
-        live = p < end
-        x = tl.where(live, x, 0)
-        b = tl.where(live, _bucket_of(x, top, shift, BLOCK), 0)
-        b_start = tl.load(counts_row_ptr + BLOCK + b, mask=live, other=0)
-        b_count = tl.load(counts_row_ptr + b, mask=live, other=0)
-        above = tl.zeros([CHUNK], tl.int32)
-        lanes = tl.arange(0, WIDTH)
-        for member in range(0, tl.max(b_count, 0), WIDTH):
-            j = member + lanes
-            inside = j[None, :] < b_count[:, None]
-            y = tl.load(sorted_row_ptr + b_start[:, None] + j[None, :], mask=inside,
-                        other=0).to(tl.uint64, bitcast=True)
-            above += tl.sum((inside & (y > x[:, None])).to(tl.int32), 1)
-        rank = b_start + above
-        column = (~(x & WORD_MASK).to(tl.uint32)).to(tl.int32)
-        tl.store(out_ptr + row * out_row_stride + rank, column, mask=live & (rank < want))
+        _rank_chunk(x, p, end, want, top, shift, counts_row_ptr, sorted_row_ptr, out_row_ptr,
+                    BLOCK, WIDTH)
+    stride = tl.num_programs(1) * CHUNK
+    for later in range(first + stride, end, stride):
+        p = later + tl.arange(0, CHUNK)
+        x = tl.load(sorted_row_ptr + p, mask=p < end, other=0).to(tl.uint64, bitcast=True)
+        _rank_chunk(x, p, end, want, top, shift, counts_row_ptr, sorted_row_ptr, out_row_ptr,
+                    BLOCK, WIDTH)
