@@ -646,6 +646,7 @@ def test_settings_dependent_launch_by_program_count(fp4):
                     logits_module.PDL_AT_EXIT if programs <= wanted else logits_module.PDL_NONE)
         assert s.pdl == expected, (batch, cols, programs)
         assert s.relu_by_abs == fp4
+        assert s.hint_tiles == 0  # the L2 hints are not chosen until measured
         seen.add(s.pdl)
     assert len(seen) == 3  # the shapes above reach every mode
     assert logits_settings(128, 1, 64, 65536, fp4, 1, sms, interpreted=True).pdl == 0

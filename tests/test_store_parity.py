@@ -548,8 +548,9 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                  dict(USE_FP4=True, MX_SCALES=False, LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=32,
                       D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=False,
                       DEQUANTIZE=True, BLOCK_R=32), target, num_warps=4)
-    # The scorer (MXFP4 keys, e4m3 queries, the stacked form, launched dependently) and a
-    # top-k kernel launched dependently: their PDL waits and options compile.
+    # The scorer (MXFP4 keys, e4m3 queries, the stacked form, launched dependently, its
+    # first pages hinted into L2 before the wait) and a top-k kernel launched dependently:
+    # their PDL waits and options compile.
     from indexer_kcache.kernels.logits import paged_mqa_logits_kernel
     from indexer_kcache.kernels.topk import topk_rank_kernel
 
@@ -559,11 +560,15 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                       MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
                       BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
                       SCALE_WORDS=True, VARIANT=1, WARPS=4, HAS_BLOCKS=True, USE_PDL=2,
-                      RELU_BY_ABS=True)
+                      RELU_BY_ABS=True, HINT_TILES=4)
     scalars = {name: "i32" for name in paged_mqa_logits_kernel.arg_names
                if name not in pointers and name not in constexprs}
     compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,
              num_stages=6, maxnreg=96)
+    # FP8 keys, four rows of per-row context lengths, two tiles hinted.
+    compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+             dict(constexprs, NEXT_N=4, ROWS=4, CTX_2D=True, USE_FP4=False, RELU_BY_ABS=False,
+                  HINT_TILES=2), SM90, num_warps=4, num_stages=6)
     compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
                                     out_ptr="*i32", out_row_stride="i32"),
              dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)

@@ -77,6 +77,11 @@ class LogitsSettings(NamedTuple):
     # relu(x) w as (x + |x|) w / 2 in the stacked form's unscaled dots: fewer instructions
     # on the pipe the MXFP4 decoding keeps busy.
     relu_by_abs: bool = False
+    # Launched dependently, where a tile is a page (block_size == block_n): the pages of each
+    # program's first hint_tiles tiles (a power of two) asked for into L2 before the wait
+    # for the previous kernel; 0: none. Not yet chosen by logits_settings (not measured:
+    # benchmarks/exp_scorer_hint.py).
+    hint_tiles: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -398,6 +403,8 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
     pdl = settings.pdl if checks.pdl_supported(plan.device) else PDL_NONE
     nvidia = checks.nvidia_capability(plan.device) is not None
     options = checks.nvidia_options(nvidia, pdl != PDL_NONE, settings.max_registers)
+    # The L2 hints before the wait: only for a dependent launch, a tile a page.
+    hint = pdl != PDL_NONE and plan.block_size == settings.block_n and plan.num_blocks > 0
     launch = LOGITS_KERNEL.launch(
         plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
@@ -413,7 +420,8 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         WARPS=min(settings.num_warps, max(settings.block_n // 16, 1)),
         HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
-                     and settings.variant == VARIANT_STACKED))
+                     and settings.variant == VARIANT_STACKED),
+        HINT_TILES=settings.hint_tiles if hint else 0)
     return launch, (plan.batch * row_groups, splits, 1)
 
 

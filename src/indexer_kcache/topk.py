@@ -31,6 +31,7 @@ from .kernels.topk import (
 from .launcher import Kernel, declare_op, tunable
 from .reference import topk as reference_topk
 from .reference.logits import lengths_from_context
+from .util import next_power_of_2
 
 __all__ = ["TopKPlan", "TopKSettings", "check_topk", "launch_topk", "lengths_from_context",
            "rank_programs", "run_topk", "top_k_indices", "top_k_indices_into", "topk_settings"]
@@ -120,10 +121,6 @@ class TopKPlan:
     launches: dict = field(default_factory=dict)  # TopKSettings -> the kernels' launches
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def _select_warps(block: int, short: bool = False) -> int:
     """8 pairs a thread, as 4 to 16 warps; 16 pairs a thread in a short launch (its
     select programs are a single round on the SMs, whose time is their block-wide
@@ -154,14 +151,14 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     buckets the candidates for the select kernel while it has at most
     ``BUCKET_IN_FILTER_MAX_PROGRAMS`` programs.
     """
-    want_block = max(_next_power_of_2(min(k, cols)), 32)
+    want_block = max(next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
         direct_max_cols = 1024 if interpreted else DIRECT_MAX_COLS
     if cols <= direct_max_cols:
-        block = max(_next_power_of_2(cols), 32)
+        block = max(next_power_of_2(cols), 32)
         return TopKSettings(0, 0, 0, 0, block, _select_warps(block), RADIX_BITS)
-    sample = min(max(_next_power_of_2(SAMPLE_HITS * cols // k), MIN_SAMPLE), MAX_SAMPLE)
-    block = min(max(2 * want_block, _next_power_of_2(-(-5 * expected_candidates(
+    sample = min(max(next_power_of_2(SAMPLE_HITS * cols // k), MIN_SAMPLE), MAX_SAMPLE)
+    block = min(max(2 * want_block, next_power_of_2(-(-5 * expected_candidates(
         cols, k, sample) // 4))), MAX_SORTED)
     if interpreted:  # the interpreter's cost is per program: few, large ones
         # (Candidates bucketed by the filter: the path with the more to check.)

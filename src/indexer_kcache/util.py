@@ -1,4 +1,4 @@
-"""Helpers for building caches."""
+"""Small helpers: building caches, launch sizes."""
 
 from __future__ import annotations
 
@@ -32,3 +32,8 @@ def allocate_k_cache(
                          f"{page_bytes}")
     pages = torch.zeros((num_blocks, page_bytes), dtype=torch.uint8, device=device)
     return pages.as_strided((num_blocks, block_size, row), (page_bytes, row, 1))
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 << max(n - 1, 0).bit_length()

@@ -44,10 +44,13 @@ import os
 import triton
 import triton.language as tl
 
-from ..layout import scale_offset_tl, value_offset_tl
-from .dependent_launch import wait_for_previous_kernel
+from ..layout import cache_row_bytes, scale_offset_tl, value_offset_tl
+from .dependent_launch import hint_l2, wait_for_previous_kernel
 from .numerics import e2m1_to_float, e4m3_to_float, pow2, ue8m0_to_float
 
+# Bytes of a cached key (values and scale), FP8 and MXFP4.
+ROW_BYTES_FP8: tl.constexpr = tl.constexpr(cache_row_bytes(False))
+ROW_BYTES_FP4: tl.constexpr = tl.constexpr(cache_row_bytes(True))
 # Query forms (``Q_FORM``).
 Q_BF16 = 0
 Q_E4M3 = 1
@@ -1314,6 +1317,46 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     return hi
 
 
+@triton.constexpr_function
+def _hint_lines(page_bytes):
+    """Line addresses per page of the hint: every 128-byte line a page of ``page_bytes``
+    can touch, whatever its alignment (a power of two for the tensor's shape)."""
+    lines = page_bytes // 128 + 2
+    return 1 << (lines - 1).bit_length()
+
+
+@triton.jit
+def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
+                      page_stride, num_blocks, col_lo, col_hi, NEXT_N: tl.constexpr,
+                      ROWS: tl.constexpr, CTX_2D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                      PAGE_BYTES: tl.constexpr, TILES: tl.constexpr):
+    """Before the dependent-launch wait: the pages of the program's first ``TILES`` tiles
+    (a tile a page) asked for into L2, so that its chain of reads after the wait (context
+    length, block id, page) finds them on chip.
+
+    The context length and block ids read here may still be changing (the previous kernel
+    may write them): they only choose what to hint, clamped into the cache, and are read
+    again after the wait. They are read past L1 (``.cg``), which keeps no copy that a read
+    after the wait could find stale, and side by side: the block ids of the program's
+    columns, whatever the context length."""
+    RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
+    r = tl.arange(0, RP)
+    live_rows = (r < ROWS) & (i0 + r < NEXT_N)
+    if CTX_2D:
+        n = tl.load(ctx_ptr + b * ctx_sb + (i0 + r) * ctx_si, mask=live_rows, other=0,
+                    cache_modifier=".cg")
+    else:
+        n = tl.load(ctx_ptr + b * ctx_sb, cache_modifier=".cg") - NEXT_N + 1 + i0 + r
+    t0 = col_lo + tl.arange(0, TILES) * BLOCK_SIZE
+    block = tl.load(table_row + t0 // BLOCK_SIZE, mask=t0 < col_hi, other=0,
+                    cache_modifier=".cg").to(tl.int64)
+    hi = tl.minimum(col_hi, tl.max(tl.where(live_rows, n, 0), axis=0))
+    block = tl.minimum(tl.maximum(block, 0), num_blocks - 1)
+    line = tl.minimum(tl.arange(0, _hint_lines(PAGE_BYTES)) * 128, PAGE_BYTES - 1)
+    pages = cache_ptr + block[:, None] * page_stride + line[None, :]
+    hint_l2(pages, (t0 < hi)[:, None] & (line >= 0)[None, :])
+
+
 # num_cols, chunk and the like vary with every call's shapes: not specialized.
 @triton.jit(do_not_specialize=["num_blocks", "max_model_len", "num_cols", "chunk",
                                "tail_chunk", "heads"])
@@ -1348,6 +1391,7 @@ def paged_mqa_logits_kernel(
     HAS_BLOCKS: tl.constexpr,
     USE_PDL: tl.constexpr,
     RELU_BY_ABS: tl.constexpr,
+    HINT_TILES: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1359,7 +1403,21 @@ def paged_mqa_logits_kernel(
     0 can stand in for an invalid block id, so reads of whole pages need no mask).
     ``VARIANT``: the launch form (``VARIANT_ROWS``, ``VARIANT_STACKED``; native only);
     ``WARPS``: the warps along the keys. ``USE_PDL``: a ``dependent_launch`` mode.
-    ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``."""
+    ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``.
+    ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
+    program's first tiles are asked for into L2 before the wait (``_hint_first_pages``)."""
+    pid = tl.program_id(0)
+    b = (pid // ((NEXT_N + ROWS - 1) // ROWS)).to(tl.int64)
+    i0 = (pid % ((NEXT_N + ROWS - 1) // ROWS)) * ROWS
+    col_lo = tl.program_id(1) * chunk
+    col_hi = tl.minimum(col_lo + chunk, num_cols)
+    table_row = table_ptr + b * table_sb
+    if HINT_TILES > 0:
+        tl.static_assert(USE_PDL != 0 and BLOCK_N == BLOCK_SIZE and HAS_BLOCKS)
+        _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
+                          page_stride, num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
+                          BLOCK_SIZE, BLOCK_SIZE * (ROW_BYTES_FP4 if USE_FP4 else ROW_BYTES_FP8),
+                          HINT_TILES)
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
     tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
@@ -1368,14 +1426,7 @@ def paged_mqa_logits_kernel(
     tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
     # Per-32-dim scales need a dot per group (native path): MXFP4 keys, scaled queries.
     GROUPED: tl.constexpr = NATIVE and (USE_FP4 or Q_FORM >= 2)
-    ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
-    pid = tl.program_id(0)
-    b = (pid // ROW_GROUPS).to(tl.int64)
-    i0 = (pid % ROW_GROUPS) * ROWS
     split = tl.program_id(1)
-    col_lo = split * chunk
-    col_hi = tl.minimum(col_lo + chunk, num_cols)
-    table_row = table_ptr + b * table_sb
     row_base = b * NEXT_N + i0
     if NATIVE and VARIANT == 1:
         hi = _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
