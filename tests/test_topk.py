@@ -262,14 +262,35 @@ def test_radix_digit_widths(kind, radix_bits):
 def test_ranking_steps(kind, chunk, width):
     """Ranking programs of few or many pairs, comparing few or many bucket members a
     step: crowded buckets (few values) and sparse ones (magnitudes: a wide range). With
-    32 or 64 pairs a program, a bucket crowded past the rank grid's chunks (all-equal:
-    one bucket holds the row) leaves its programs further chunks."""
+    32 pairs a program, a last bucket crowded past the rank grid's chunks (few values: a
+    bucket holds all the columns of one) leaves its programs further chunks."""
     g = generator(16)
     logits = make_logits(kind, 3, 600, torch.float32, seed=16)
     settings = topk.topk_settings(3, 600, 200)._replace(chunk=chunk, width=width)
-    if chunk < 512:
-        assert topk.rank_programs(settings, 200, 600) * chunk < 600
-    check(logits, 200, random_lengths(3, 600, g), settings)
+    buffers = {}
+    check(logits, 200, random_lengths(3, 600, g), settings, buffers)
+    rows, programs = buffers["rank_grid"]
+    assert programs == topk.rank_programs(settings, 200, 600)
+    if kind == "few-distinct" and chunk == 32:
+        ends = buffers["meta"][:, 2].cpu()
+        assert (ends > programs * chunk).any(), "no program ranked a second chunk"
+
+
+@pytest.mark.parametrize("chunk", [32, 256])
+def test_ranking_a_crowded_bucket_past_the_rank_grid(chunk):
+    """One outlier stretches the buckets' range, so that the rest of the row (ascending,
+    in a narrow range) shares one bucket, placed there in column order: the reverse of
+    its ranks. The first ranks then lie at the end of the bucket, past what the rank
+    grid's programs cover with one chunk each: their further chunks must rank them."""
+    cols, k = 600, 200
+    row = 1.0 + torch.arange(cols, dtype=torch.float32) * 1e-6
+    row[0] = 1e30
+    logits = torch.stack([row, row.flip(0), torch.randn(cols, generator=generator(3))]).to(DEVICE)
+    settings = topk.topk_settings(3, cols, k)._replace(chunk=chunk)
+    buffers = {}
+    check(logits, k, None, settings, buffers)
+    _, programs = buffers["rank_grid"]
+    assert int(buffers["meta"][0, 2]) == cols > programs * chunk
 
 
 # ----------------------------------------------------------------------------- long rows

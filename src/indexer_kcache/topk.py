@@ -308,14 +308,15 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
                 cand_ptr=cand, cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts,
                 cand_slot_ptr=cand_slot)
         if buffers is not None:
-            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand, counts=counts,
-                           meta=meta)
+            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand)
     else:
         cand, cand_count, cand_slot = scratch, out, out  # not read: FROM_CANDIDATES is False
     select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
            cand_count_ptr=cand_count, cand_slot_ptr=cand_slot, scratch_ptr=scratch,
            counts_ptr=counts, meta_ptr=meta, out_ptr=out)
     rank(rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta, out_ptr=out)
+    if buffers is not None:
+        buffers.update(counts=counts, meta=meta, rank_grid=rank_grid)
 
 
 def run_topk(plan: TopKPlan, call) -> None:

@@ -360,19 +360,16 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
             b16 = tl.arange(0, 16)[None, :]
             k0 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
                 pc, b16, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                    mask=rows_mask, other=0))
+                mask=rows_mask, other=0))
             k1 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
                 pc, b16 + 16, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                    mask=rows_mask,
-                other=0))
+                mask=rows_mask, other=0))
             k2 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
                 pc, b16 + 32, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                    mask=rows_mask,
-                other=0))
+                mask=rows_mask, other=0))
             k3 = _decode_mxfp4_group(tl.load(rows_page + value_offset_tl(
                 pc, b16 + 48, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                    mask=rows_mask,
-                other=0))
+                mask=rows_mask, other=0))
             return (readable, key_factor, _key_operand(k0, Q_FORM), _key_operand(k1, Q_FORM),
                     _key_operand(k2, Q_FORM), _key_operand(k3, Q_FORM), s0, s1, s2, s3)
     else:
@@ -396,16 +393,16 @@ def _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi,
             d = tl.arange(0, 32)[None, :]
             k0 = tl.load(rows_page + value_offset_tl(pc, d, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
                                                      N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                                                         mask=rows_mask, other=0)
+                         mask=rows_mask, other=0)
             k1 = tl.load(rows_page + value_offset_tl(pc, d + 32, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
                                                      N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                                                         mask=rows_mask, other=0)
+                         mask=rows_mask, other=0)
             k2 = tl.load(rows_page + value_offset_tl(pc, d + 64, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
                                                      N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                                                         mask=rows_mask, other=0)
+                         mask=rows_mask, other=0)
             k3 = tl.load(rows_page + value_offset_tl(pc, d + 96, BLOCK_SIZE, VALUE_BYTES, LAYOUT,
                                                      N_PER_TILE, D_PER_TILE, SCALE_LANES),
-                                                         mask=rows_mask, other=0)
+                         mask=rows_mask, other=0)
             return (readable, key_scale, _key_operand(k0, Q_FORM), _key_operand(k1, Q_FORM),
                     _key_operand(k2, Q_FORM), _key_operand(k3, Q_FORM))
 
@@ -572,9 +569,8 @@ def _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_ba
     for t0 in tl.range(col_lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         t = t0 + lanes
         tile = _load_tile(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
-                          MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
-                              NATIVE, GROUPED,
-                          Q_FORM, SCALE_WORDS)
+                          MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                          BLOCK_N, NATIVE, GROUPED, Q_FORM, SCALE_WORDS)
         _store_row(out_ptr, out_sr, row_base, t, col_hi,
                    _row_scores(tile, r0, NATIVE, GROUPED, USE_FP4, Q_FORM), tile[0], r0, CLEAN)
         if ROWS > 1:
@@ -1013,9 +1009,8 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
         ok_n = (tn < hi) & (block_n >= 0) & (block_n < num_blocks)
         page_n = cache_ptr + tl.where(ok_n, block_n, 0) * page_stride
         values = tl.load(page_n[:, None] + value_offset_tl(
-            (tn % BLOCK_SIZE)[:, None], d, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
-                SCALE_LANES),
-            mask=ok_n[:, None], other=0)
+            (tn % BLOCK_SIZE)[:, None], d, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+            D_PER_TILE, SCALE_LANES), mask=ok_n[:, None], other=0)
         if USE_FP4:
             block = tl.load(table_row + t // BLOCK_SIZE, mask=t < hi, other=-1).to(tl.int64)
             readable = (t < hi) & (block >= 0) & (block < num_blocks)
@@ -1037,8 +1032,8 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
         else:
             i4 = tl.arange(0, 4)[None, :]
             bytes4 = tl.load(rows_page + scale_offset_tl(p[:, None], i4, BLOCK_SIZE,
-                                                         VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
-                                                             SCALE_LANES),
+                                                         VALUE_BYTES, LAYOUT, N_PER_TILE,
+                                                         D_PER_TILE, SCALE_LANES),
                              mask=rows_mask, other=0)
             word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
         return t, readable, word, _fp4_words(_to_dot_rows(values, BLOCK_N, WARPS, 64), BLOCK_N)
@@ -1195,8 +1190,7 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
     for t0 in tl.range(col_lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         tile = _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
                         MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
-                            SCALE_WORDS, WARPS,
-                        HAS_BLOCKS)
+                        SCALE_WORDS, WARPS, HAS_BLOCKS)
         scores = _tile_scores(tile, q_op, w, q_scales, USE_FP4, GROUPED, GROUPED_Q,
                               Q_FORM, BLOCK_N, RP, HP, RELU_BY_ABS)
         value = _store_rows(out_ptr, out_sr, row_base, tile[0], col_hi, scores, tile[1], limit,
@@ -1244,11 +1238,10 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                 w = w * 64.0  # E2M1 values as e4m3 bytes are 2**-6 of themselves
             q_scales = _q_scale_words(qs_ptr, qs_sb, qs_si, b, i, heads, NEXT_N, 1, HP, HP)
             _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                     row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid,
-                     Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
-                         BLOCK_N,
-                     NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS, HAS_BLOCKS,
-                     RELU_BY_ABS)
+                     row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid, Q_FORM,
+                     USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                     BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS,
+                     HAS_BLOCKS, RELU_BY_ABS)
 
 
 @triton.jit
@@ -1291,29 +1284,25 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     w = w * factor
     if exact != 0:
         nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                            row_base, col_lo, hi, col_hi, q_op, w, 0, limit, valid, FORM,
-                            USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
-                                BLOCK_N,
-                            NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
+                            row_base, col_lo, hi, col_hi, q_op, w, 0, limit, valid, FORM, USE_FP4,
+                            MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                            BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
                             HAS_BLOCKS, RELU_BY_ABS)
         if USE_FP4:
             if nan_seen != 0:
                 _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
-                             cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si,
-                             table_row, out_ptr, out_sr, num_cols, heads, b, i0, row_base,
-                             col_lo, hi, col_hi, d, w_fold, NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16,
-                             USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
-                                 HP, BLOCK_N,
-                             NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, True, HAS_BLOCKS,
-                             RELU_BY_ABS)
+                             cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row,
+                             out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, hi, col_hi,
+                             d, w_fold, NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES,
+                             LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N,
+                             NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, True, HAS_BLOCKS, RELU_BY_ABS)
     else:
         _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
-                     page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr,
-                     out_sr, num_cols, heads, b, i0, row_base, col_lo, hi, col_hi, d, w_fold,
-                     NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
-                         D_PER_TILE, SCALE_LANES,
-                     BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, WARPS, False,
-                     HAS_BLOCKS, RELU_BY_ABS)
+                     page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr, out_sr,
+                     num_cols, heads, b, i0, row_base, col_lo, hi, col_hi, d, w_fold, NEXT_N, ROWS,
+                     CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                     SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, WARPS,
+                     False, HAS_BLOCKS, RELU_BY_ABS)
     return hi
 
 
@@ -1431,11 +1420,10 @@ def paged_mqa_logits_kernel(
     if NATIVE and VARIANT == 1:
         hi = _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
                          cache_ptr, page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row,
-                         out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi,
-                         NEXT_N, ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT,
-                         N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
-                             SCALE_WORDS,
-                         WARPS, HAS_BLOCKS, RELU_BY_ABS)
+                         out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N,
+                         ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                         D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
+                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.
@@ -1447,9 +1435,8 @@ def paged_mqa_logits_kernel(
         if ok != 0:
             _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base,
                   col_lo, hi, col_hi, f0, f1, f2, f3, ROWS, 1, USE_FP4, MX_SCALES, LAYOUT,
-                  N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE,
-                      USE_FP4,
-                  SCALE_WORDS)
+                  N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN,
+                  NATIVE, USE_FP4, SCALE_WORDS)
         else:
             r0, r1, r2, r3, lmax, ok = _load_rows(
                 q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, ctx_ptr,
@@ -1457,9 +1444,8 @@ def paged_mqa_logits_kernel(
                 HP, NATIVE, GROUPED, W_BF16, False)
             _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base,
                   col_lo, hi, col_hi, r0, r1, r2, r3, ROWS, Q_FORM, USE_FP4, MX_SCALES, LAYOUT,
-                  N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE,
-                      GROUPED,
-                  SCALE_WORDS)
+                  N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN,
+                  NATIVE, GROUPED, SCALE_WORDS)
     else:
         r0, r1, r2, r3, lmax, ok = _load_rows(
             q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, ctx_ptr, ctx_sb,
@@ -1468,8 +1454,8 @@ def paged_mqa_logits_kernel(
         hi = tl.minimum(col_hi, lmax)
         _scan(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base, col_lo,
               hi, col_hi, r0, r1, r2, r3, ROWS, Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
-                  D_PER_TILE, SCALE_LANES,
-              BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE, GROUPED, SCALE_WORDS)
+              D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, NATIVE, GROUPED,
+              SCALE_WORDS)
 
     lanes = tl.arange(0, BLOCK_N)
     valid0 = i0 < NEXT_N
