@@ -37,6 +37,7 @@ from indexer_kcache.logits import (
     paged_mqa_logits,
     paged_mqa_logits_into,
     run_logits,
+    settings_for,
     split_query,
 )
 
@@ -757,6 +758,28 @@ def test_cuda_graph_replays_with_new_inputs(fmt, q_form):
         graph.replay()
         want, bound = expected(static, options)
         assert_close(out, want, bound, f"replay {seed}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, q_form, ctx_2d", [("fp8", "e4m3", False), ("fp8", "e4m3", True),
+                                                 ("mxfp4", "e4m3", False), ("mxfp4", "mxfp4", True)])
+def test_l2_hints_change_no_logit(fmt, q_form, ctx_2d):
+    """Pages hinted into L2 before the dependent-launch wait (``hint_tiles`` 1 to 4; 3 is
+    rounded up) give the default launch's logits bit for bit: ragged lengths, a sequence of
+    length 0, block ids out of range."""
+    call, options = make_call(fmt, "row-major", q_form, batch=3, next_n=2, heads=64,
+                              block_size=64, num_blocks=8, max_blocks=6, seed=21, ctx_2d=ctx_2d)
+    base = op_call(call, options)
+    plan = check_logits(base)
+    default = settings_for(plan)
+    if not default.pdl:
+        pytest.skip("the hints go with a dependent launch (NVIDIA sm_90+)")
+    run_logits(plan, base)
+    for tiles in (1, 2, 3, 4):
+        hinted = op_call(call, options)
+        with logits_settings.override(default._replace(hint_tiles=tiles)):
+            run_logits(check_logits(hinted), hinted)
+        assert torch.equal(hinted.out.view(torch.int32), base.out.view(torch.int32)), tiles
 
 
 @pytest.mark.parametrize("n, d_chunk, lanes", [(8, 4, 2), (16, 64, 1), (4, 1, 4)],

@@ -34,6 +34,7 @@ from .kernels.logits import (
 )
 from .launcher import Kernel, Launch, declare_op, tunable
 from .reference import logits as reference_logits
+from .util import next_power_of_2
 
 __all__ = [
     "LogitsPlan",
@@ -78,8 +79,8 @@ class LogitsSettings(NamedTuple):
     # on the pipe the MXFP4 decoding keeps busy.
     relu_by_abs: bool = False
     # Launched dependently, where a tile is a page (block_size == block_n): the pages of each
-    # program's first hint_tiles tiles (a power of two) asked for into L2 before the wait
-    # for the previous kernel; 0: none. Not yet chosen by logits_settings (not measured:
+    # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
+    # before the wait for the previous kernel; 0: none. Not yet chosen by logits_settings (not measured:
     # benchmarks/exp_scorer_hint.py).
     hint_tiles: int = 0
 
@@ -421,7 +422,7 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
-        HINT_TILES=settings.hint_tiles if hint else 0)
+        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0)
     return launch, (plan.batch * row_groups, splits, 1)
 
 

@@ -1315,8 +1315,8 @@ def _hint_lines(page_bytes):
 
 
 @triton.jit
-def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
-                      page_stride, num_blocks, col_lo, col_hi, NEXT_N: tl.constexpr,
+def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, table_row, cache_ptr, page_stride,
+                      num_blocks, col_lo, col_hi, NEXT_N: tl.constexpr,
                       ROWS: tl.constexpr, CTX_2D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                       PAGE_BYTES: tl.constexpr, TILES: tl.constexpr):
     """Before the dependent-launch wait: the pages of the program's first ``TILES`` tiles
@@ -1340,10 +1340,15 @@ def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache
     block = tl.load(table_row + t0 // BLOCK_SIZE, mask=t0 < col_hi, other=0,
                     cache_modifier=".cg").to(tl.int64)
     hi = tl.minimum(col_hi, tl.max(tl.where(live_rows, n, 0), axis=0))
-    block = tl.minimum(tl.maximum(block, 0), num_blocks - 1)
-    line = tl.minimum(tl.arange(0, _hint_lines(PAGE_BYTES)) * 128, PAGE_BYTES - 1)
-    pages = cache_ptr + block[:, None] * page_stride + line[None, :]
-    hint_l2(pages, (t0 < hi)[:, None] & (line >= 0)[None, :])
+    # Pages the scan will read: block ids out of range are not (they score -inf).
+    wanted = (t0 < hi) & (block >= 0) & (block < num_blocks)
+    block = tl.where(wanted, block, 0)
+    # A line every 128 bytes, the last one at the page's last byte: each line the page
+    # touches, whatever its alignment, once.
+    step = tl.arange(0, _hint_lines(PAGE_BYTES)) * 128
+    pages = (cache_ptr + block[:, None] * page_stride
+             + tl.minimum(step, PAGE_BYTES - 1)[None, :])
+    hint_l2(pages, wanted[:, None] & (step < PAGE_BYTES + 127)[None, :])
 
 
 # num_cols, chunk and the like vary with every call's shapes: not specialized.
@@ -1403,8 +1408,8 @@ def paged_mqa_logits_kernel(
     table_row = table_ptr + b * table_sb
     if HINT_TILES > 0:
         tl.static_assert(USE_PDL != 0 and BLOCK_N == BLOCK_SIZE and HAS_BLOCKS)
-        _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
-                          page_stride, num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
+        _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, table_row, cache_ptr, page_stride,
+                          num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
                           BLOCK_SIZE, BLOCK_SIZE * (ROW_BYTES_FP4 if USE_FP4 else ROW_BYTES_FP8),
                           HINT_TILES)
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
