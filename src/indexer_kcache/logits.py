@@ -80,8 +80,8 @@ class LogitsSettings(NamedTuple):
     relu_by_abs: bool = False
     # Launched dependently, where a tile is a page (block_size == block_n): the pages of each
     # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
-    # before the wait for the previous kernel; 0: none. Not yet chosen by logits_settings (not measured:
-    # benchmarks/exp_scorer_hint.py).
+    # before the wait for the previous kernel; 0: none. Not yet chosen by logits_settings
+    # (not measured: benchmarks/exp_scorer_hint.py).
     hint_tiles: int = 0
 
 
