@@ -862,15 +862,17 @@ def _pow2_or_zero(e):
 
 @triton.jit
 def _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N: tl.constexpr, ROWS: tl.constexpr,
-             RP: tl.constexpr, CTX_2D: tl.constexpr):
+             RP: tl.constexpr, CTX_2D: tl.constexpr, CACHE: tl.constexpr = ""):
     """(limit [RP], valid [RP]) of the program's rows ``i0 ..``: row ``i0 + r`` sees
-    ``t < limit[r]``; slots past ``ROWS`` or ``NEXT_N`` are not valid (limit 0)."""
+    ``t < limit[r]``; slots past ``ROWS`` or ``NEXT_N`` are not valid (limit 0). ``CACHE``:
+    the loads' cache modifier."""
     r = tl.arange(0, RP)
     valid = (r < ROWS) & (i0 + r < NEXT_N)
     if CTX_2D:
-        n = tl.load(ctx_ptr + b * ctx_sb + (i0 + r) * ctx_si, mask=valid, other=0).to(tl.int64)
+        n = tl.load(ctx_ptr + b * ctx_sb + (i0 + r) * ctx_si, mask=valid, other=0,
+                    cache_modifier=CACHE).to(tl.int64)
     else:
-        n = tl.load(ctx_ptr + b * ctx_sb).to(tl.int64) - NEXT_N + 1 + i0 + r
+        n = tl.load(ctx_ptr + b * ctx_sb, cache_modifier=CACHE).to(tl.int64) - NEXT_N + 1 + i0 + r
     limit = tl.minimum(tl.maximum(n, 0), num_cols).to(tl.int32)
     return tl.where(valid, limit, 0), valid
 
@@ -1315,8 +1317,8 @@ def _hint_lines(page_bytes):
 
 
 @triton.jit
-def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, table_row, cache_ptr, page_stride,
-                      num_blocks, col_lo, col_hi, NEXT_N: tl.constexpr,
+def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
+                      page_stride, num_blocks, col_lo, col_hi, NEXT_N: tl.constexpr,
                       ROWS: tl.constexpr, CTX_2D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                       PAGE_BYTES: tl.constexpr, TILES: tl.constexpr):
     """Before the dependent-launch wait: the pages of the program's first ``TILES`` tiles
@@ -1329,17 +1331,11 @@ def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, table_row, cache_ptr, page
     after the wait could find stale, and side by side: the block ids of the program's
     columns, whatever the context length."""
     RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
-    r = tl.arange(0, RP)
-    live_rows = (r < ROWS) & (i0 + r < NEXT_N)
-    if CTX_2D:
-        n = tl.load(ctx_ptr + b * ctx_sb + (i0 + r) * ctx_si, mask=live_rows, other=0,
-                    cache_modifier=".cg")
-    else:
-        n = tl.load(ctx_ptr + b * ctx_sb, cache_modifier=".cg") - NEXT_N + 1 + i0 + r
+    limit, _ = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D, ".cg")
     t0 = col_lo + tl.arange(0, TILES) * BLOCK_SIZE
     block = tl.load(table_row + t0 // BLOCK_SIZE, mask=t0 < col_hi, other=0,
                     cache_modifier=".cg").to(tl.int64)
-    hi = tl.minimum(col_hi, tl.max(tl.where(live_rows, n, 0), axis=0))
+    hi = tl.minimum(col_hi, tl.max(limit, axis=0))
     # Pages the scan will read: block ids out of range are not (they score -inf).
     wanted = (t0 < hi) & (block >= 0) & (block < num_blocks)
     block = tl.where(wanted, block, 0)
@@ -1400,16 +1396,18 @@ def paged_mqa_logits_kernel(
     ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``.
     ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
     program's first tiles are asked for into L2 before the wait (``_hint_first_pages``)."""
+    ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
     pid = tl.program_id(0)
-    b = (pid // ((NEXT_N + ROWS - 1) // ROWS)).to(tl.int64)
-    i0 = (pid % ((NEXT_N + ROWS - 1) // ROWS)) * ROWS
-    col_lo = tl.program_id(1) * chunk
+    b = (pid // ROW_GROUPS).to(tl.int64)
+    i0 = (pid % ROW_GROUPS) * ROWS
+    split = tl.program_id(1)
+    col_lo = split * chunk
     col_hi = tl.minimum(col_lo + chunk, num_cols)
     table_row = table_ptr + b * table_sb
     if HINT_TILES > 0:
         tl.static_assert(USE_PDL != 0 and BLOCK_N == BLOCK_SIZE and HAS_BLOCKS)
-        _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, table_row, cache_ptr, page_stride,
-                          num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
+        _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
+                          page_stride, num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
                           BLOCK_SIZE, BLOCK_SIZE * (ROW_BYTES_FP4 if USE_FP4 else ROW_BYTES_FP8),
                           HINT_TILES)
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
@@ -1420,7 +1418,6 @@ def paged_mqa_logits_kernel(
     tl.static_assert(USE_FP4 or LAYOUT != 2, "the preshuffle layout is MXFP4 only")
     # Per-32-dim scales need a dot per group (native path): MXFP4 keys, scaled queries.
     GROUPED: tl.constexpr = NATIVE and (USE_FP4 or Q_FORM >= 2)
-    split = tl.program_id(1)
     row_base = b * NEXT_N + i0
     if NATIVE and VARIANT == 1:
         hi = _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
