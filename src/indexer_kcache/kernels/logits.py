@@ -862,7 +862,7 @@ def _pow2_or_zero(e):
 
 @triton.jit
 def _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N: tl.constexpr, ROWS: tl.constexpr,
-             RP: tl.constexpr, CTX_2D: tl.constexpr, CACHE: tl.constexpr = ""):
+             RP: tl.constexpr, CTX_2D: tl.constexpr, CACHE: tl.constexpr):
     """(limit [RP], valid [RP]) of the program's rows ``i0 ..``: row ``i0 + r`` sees
     ``t < limit[r]``; slots past ``ROWS`` or ``NEXT_N`` are not valid (limit 0). ``CACHE``:
     the loads' cache modifier."""
@@ -1223,7 +1223,7 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
     FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
     for r in range(ROWS):
         i = i0 + r
-        limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i, num_cols, NEXT_N, 1, 1, CTX_2D)
+        limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i, num_cols, NEXT_N, 1, 1, CTX_2D, "")
         w = _weights_v1(w_ptr, w_sr, w_sh, b, i, heads, NEXT_N, 1, HP, HP, W_BF16) * w_fold
         if Q_FORM < 2 or FOLD_Q:
             q_op, _, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads,
@@ -1269,7 +1269,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     tl.static_assert(RH <= 256, "the stacked rows' columns are one dot's N (<= 256)")
     tl.static_assert(not USE_FP4 or BLOCK_N % (16 * WARPS) == 0,
                      "MXFP4 keys need 16 rows a warp (BLOCK_N a multiple of 16 * warps)")
-    limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D)
+    limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D, "")
     hi = tl.minimum(col_hi, tl.max(limit, axis=0))
     p = tl.arange(0, 128)
     if USE_FP4:
