@@ -633,7 +633,8 @@ def test_settings_pipeline_and_size_programs():
 @pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "mxfp4"])
 def test_settings_dependent_launch_by_program_count(fp4):
     """Released at once while the programs fit on the SMs, as they exit while they fit
-    PROGRAMS_PER_SM an SM, plain launches beyond; relu by |x| for MXFP4 keys only."""
+    PROGRAMS_PER_SM an SM, plain launches beyond; relu by |x| for MXFP4 keys only; L2
+    hints in launches released at once, with e4m3 queries."""
     from indexer_kcache import logits as logits_module
 
     sms = 132
@@ -647,7 +648,12 @@ def test_settings_dependent_launch_by_program_count(fp4):
                     logits_module.PDL_AT_EXIT if programs <= wanted else logits_module.PDL_NONE)
         assert s.pdl == expected, (batch, cols, programs)
         assert s.relu_by_abs == fp4
-        assert s.hint_tiles == 0  # the L2 hints are not chosen until measured
+        # The L2 hints in launches released at once (e4m3 queries), none otherwise.
+        assert s.hint_tiles == (logits_module.HINT_TILES if expected == logits_module.PDL_EARLY
+                                else 0)
+        for q_form in (logits_module.Q_BF16, logits_module.Q_E4M3_MX, logits_module.Q_MXFP4):
+            assert logits_settings(batch, 1, 64, cols, fp4, q_form, sms,
+                                   interpreted=False).hint_tiles == 0
         seen.add(s.pdl)
     assert len(seen) == 3  # the shapes above reach every mode
     assert logits_settings(128, 1, 64, 65536, fp4, 1, sms, interpreted=True).pdl == 0

@@ -80,8 +80,7 @@ class LogitsSettings(NamedTuple):
     relu_by_abs: bool = False
     # Launched dependently, where a tile is a page (block_size == block_n): the pages of each
     # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
-    # before the wait for the previous kernel; 0: none. Not yet chosen by logits_settings
-    # (not measured: benchmarks/exp_scorer_hint.py).
+    # before the wait for the previous kernel; 0: none.
     hint_tiles: int = 0
 
 
@@ -352,8 +351,13 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     # is best for the smallest launches. Measured: BENCHMARKS.md, "The scorer".
     programs = row_groups * splits
     pdl = PDL_EARLY if programs <= sm_count else PDL_AT_EXIT if programs <= wanted else PDL_NONE
+    # A launch released at once waits mostly on its first pages: those are hinted into L2
+    # while the previous kernel runs (e4m3 queries, the form measured; the hints cost time
+    # in launches released as programs exit).
+    hint_tiles = HINT_TILES if pdl == PDL_EARLY and q_form == Q_E4M3 else 0
     return LogitsSettings(block_n, rows, splits, num_warps, num_stages, VARIANT_STACKED,
-                          max_registers, pdl=pdl, relu_by_abs=use_fp4_cache)
+                          max_registers, pdl=pdl, relu_by_abs=use_fp4_cache,
+                          hint_tiles=hint_tiles)
 
 
 PROGRAMS_PER_SM = 4
@@ -366,6 +370,7 @@ DEEP_STAGES = 6  # the tile loop's pipelining depth where memory is the limit
 MAX_DOT_COLUMNS = 256  # the N of one Hopper tensor-core instruction
 FALLBACK_REGISTERS = 128  # the tile loop of one row fits (no spills) with e4m3 queries
 FALLBACK_REGISTERS_BF16 = 168  # and with bf16 queries (their keys decoded to bf16)
+HINT_TILES = 2  # tiles hinted into L2 a program, in launches released at once
 
 
 # ------------------------------------------------------------------------------ launch
