@@ -2,7 +2,7 @@
 imported, at the issue's shapes, beside ``torch.topk`` (or, with ``--variants``,
 ``topk_gpu.py``'s candidate settings instead of ``torch.topk``).
 
-    PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--variants]
+    PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--variants [--only ...]]
 
 Run it alternately on two revisions on one GPU: each row checks the result of two inputs
 against the reference, then prints the median and all three of three CUDA-graph timings
@@ -32,6 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("label")
     parser.add_argument("--variants", action="store_true")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="with --variants: these labels (and the default) only")
     args = parser.parse_args()
     device = torch.device("cuda")
     for rows, cols in SHAPES:
@@ -39,6 +41,9 @@ def main() -> None:
         outs = [torch.empty(rows, K, dtype=torch.int32, device=device) for _ in logits]
         settings = (candidate_settings(rows, cols, K, quick=False) if args.variants
                     else {"default": topk.topk_settings(rows, cols, K)})
+        if args.only is not None:
+            settings = {name: s for name, s in settings.items()
+                        if name == "default" or name in args.only}
         for name, setting in settings.items():
             with topk.topk_settings.override(setting):
                 calls = [lambda x=x, o=o: topk.top_k_indices(x, K, out=o)
