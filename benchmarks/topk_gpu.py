@@ -86,7 +86,8 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
     if base.splits == 0:
         sampled = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                      direct_max_cols=0)._asdict()
-        variants = [("sampled", sampled), ("direct-w8", dict(select_warps=8))]
+        variants = [("sampled", sampled), ("direct-w8", dict(select_warps=8)),
+                    ("select-w32", dict(select_warps=32))]
     else:
         def filter_(step, steps, warps=base.filter_warps):
             return dict(step=step, split_steps=steps, filter_warps=warps,
@@ -100,6 +101,7 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
              dict(bucket_in_filter=not base.bucket_in_filter)),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
             (f"select-w{other_warps}", dict(select_warps=other_warps)),
+            ("select-w32", dict(select_warps=32)),
             (f"chunk{other_chunk}", dict(chunk=other_chunk)),
             ("sample-2-bits", dict(sample_digit_bits=2)),
         ]
