@@ -771,7 +771,7 @@ def test_cuda_graph_replays_with_new_inputs(fmt, q_form):
                                                  ("mxfp4", "e4m3", False), ("mxfp4", "mxfp4", True)])
 def test_l2_hints_change_no_logit(fmt, q_form, ctx_2d):
     """Pages hinted into L2 before the dependent-launch wait (``hint_tiles`` 1 to 4; 3 is
-    rounded up) give the default launch's logits bit for bit: ragged lengths, a sequence of
+    rounded up) give an unhinted launch's logits bit for bit: ragged lengths, a sequence of
     length 0, block ids out of range."""
     call, options = make_call(fmt, "row-major", q_form, batch=3, next_n=2, heads=64,
                               block_size=64, num_blocks=8, max_blocks=6, seed=21, ctx_2d=ctx_2d)
@@ -780,7 +780,8 @@ def test_l2_hints_change_no_logit(fmt, q_form, ctx_2d):
     default = settings_for(plan)
     if not default.pdl:
         pytest.skip("the hints go with a dependent launch (NVIDIA sm_90+)")
-    run_logits(plan, base)
+    with logits_settings.override(default._replace(hint_tiles=0)):
+        run_logits(plan, base)
     for tiles in (1, 2, 3, 4):
         hinted = op_call(call, options)
         with logits_settings.override(default._replace(hint_tiles=tiles)):

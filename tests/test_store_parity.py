@@ -565,10 +565,12 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                if name not in pointers and name not in constexprs}
     compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,
              num_stages=6, maxnreg=96)
-    # FP8 keys, four rows of per-row context lengths, two tiles hinted.
-    compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
-             dict(constexprs, NEXT_N=4, ROWS=4, CTX_2D=True, USE_FP4=False, RELU_BY_ABS=False,
-                  HINT_TILES=2), SM90, num_warps=4, num_stages=6)
+    # FP8 keys, four rows of per-row context lengths, two tiles hinted (sm_90 and sm_100:
+    # the settings hint wherever they launch dependently).
+    for target in (SM90, SM100):
+        compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+                 dict(constexprs, NEXT_N=4, ROWS=4, CTX_2D=True, USE_FP4=False,
+                      RELU_BY_ABS=False, HINT_TILES=2), target, num_warps=4, num_stages=6)
     compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
                                     out_ptr="*i32", out_row_stride="i32"),
              dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)
@@ -605,8 +607,8 @@ def test_kernels_compile_for_sm90_sm100_and_gfx942_without_a_gpu():
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
-    TRITON_INTERPRET; the scorer and the top-k's select and rank kernels for sm_90, its
-    sample and filter kernels for sm_90 and gfx942. Nothing runs."""
+    TRITON_INTERPRET; the scorer for sm_90 and sm_100, the top-k's select and rank
+    kernels for sm_90, its sample and filter kernels for sm_90 and gfx942. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")
