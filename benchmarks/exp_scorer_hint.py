@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-
-import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import logits_gpu  # noqa: E402
-from indexer_kcache.bench.timing import copy_bandwidth_GBps, graph_time_us  # noqa: E402
+from indexer_kcache.bench.timing import copy_bandwidth_GBps  # noqa: E402
 
 SHAPES = {  # (cache, query form): [(batch, context, next_n)]
     ("fp8", "e4m3"): [(1, 4096, 1), (1, 131072, 1), (8, 32768, 1), (64, 8192, 1),
@@ -40,26 +37,13 @@ def main() -> None:
     for (fmt, q_form), shapes in SHAPES.items():
         for batch, context, next_n in shapes:
             calls, nbytes = logits_gpu.make_calls(fmt, q_form, batch, context, next_n)
-            _, default, out = logits_gpu.ours(calls[0])
+            _, default, _ = logits_gpu.ours(calls[0])
             if not default.pdl:
                 print(f"{fmt} {q_form} {batch}x{context}: launched plainly, no hints", flush=True)
                 continue
             variants = {"none": default._replace(hint_tiles=0),
                         **{f"hint {n}": default._replace(hint_tiles=n) for n in HINTS}}
-            run, _, out = logits_gpu.ours(calls[0], variants["none"])
-            run()
-            want = out.clone()
-            same = {}
-            for name, settings in variants.items():
-                run, _, out = logits_gpu.ours(calls[0], settings)
-                run()
-                same[name] = torch.equal(out.view(torch.int32), want.view(torch.int32))
-            runs = {name: [logits_gpu.ours(c, s)[0] for c in calls] for name, s in variants.items()}
-            times = {name: [] for name in variants}
-            for _ in range(args.rounds):
-                for name in variants:
-                    times[name].append(graph_time_us(runs[name], 40))
-            median = {name: statistics.median(t) for name, t in times.items()}
+            same, times, median = logits_gpu.time_variants(calls, variants, args.rounds)
             lines.append(
                 f"{fmt:5} {q_form:5} {batch:>3}x{context:<6} n{next_n} pdl {default.pdl}  " + "  ".join(
                     f"{name} {median[name]:.2f} us ({logits_gpu.pct(nbytes, median[name], copy):.0f} %"
@@ -69,7 +53,7 @@ def main() -> None:
             records.append(dict(format=fmt, q_format=q_form, batch=batch, context=context,
                                 next_n=next_n, bytes=nbytes, default=default._asdict(),
                                 times_us=times, identical=same))
-            del calls, runs
+            del calls
     logits_gpu.report("exp_scorer_hint", copy, records, lines)
 
 

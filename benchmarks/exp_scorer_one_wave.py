@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import logits_gpu  # noqa: E402
-from indexer_kcache.bench.timing import copy_bandwidth_GBps, graph_time_us  # noqa: E402
+from indexer_kcache.bench.timing import copy_bandwidth_GBps  # noqa: E402
 from indexer_kcache.checks import PDL_EARLY  # noqa: E402
 
 SHAPES = [("fp8", "e4m3", 1, 131072), ("fp8", "e4m3", 8, 32768), ("mxfp4", "e4m3", 1, 131072),
@@ -34,24 +33,12 @@ def main() -> None:
     lines, records = [], []
     for fmt, q_form, batch, context in SHAPES:
         calls, nbytes = logits_gpu.make_calls(fmt, q_form, batch, context, 1)
-        run, default, out = logits_gpu.ours(calls[0])
+        _, default, _ = logits_gpu.ours(calls[0])
         splits = max(sms // batch, 1)  # one wave: at most one program an SM
         wave = default._replace(splits=splits, pdl=PDL_EARLY, hint_tiles=0)
         variants = {"default": default, "one wave": wave,
                     "one wave, hint 2": wave._replace(hint_tiles=2)}
-        run()
-        want = out.clone()
-        same = {}
-        for name, settings in variants.items():
-            run, _, out = logits_gpu.ours(calls[0], settings)
-            run()
-            same[name] = torch.equal(out.view(torch.int32), want.view(torch.int32))
-        runs = {name: [logits_gpu.ours(c, s)[0] for c in calls] for name, s in variants.items()}
-        times = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name in variants:
-                times[name].append(graph_time_us(runs[name], 40))
-        median = {name: statistics.median(t) for name, t in times.items()}
+        same, times, median = logits_gpu.time_variants(calls, variants, args.rounds)
         lines.append(
             f"{fmt:5} {q_form:5} {batch:>3}x{context:<6} splits {default.splits}/{splits}  "
             + "  ".join(f"{name} {median[name]:.2f} us ({logits_gpu.pct(nbytes, median[name], copy):.0f} %"
@@ -60,7 +47,7 @@ def main() -> None:
         records.append(dict(format=fmt, q_format=q_form, batch=batch, context=context,
                             bytes=nbytes, default=default._asdict(), one_wave_splits=splits,
                             times_us=times, identical=same))
-        del calls, runs
+        del calls
     logits_gpu.report("exp_scorer_one_wave", copy, records, lines)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -323,6 +324,26 @@ def time_shape(fmt, q_form, batch, context, next_n, quick, records, copy, budget
         default_us=next((us for us, s, _ in results if s == default), None),
         best_us=best[0] if best else None, best=label(best[1]) if best else "",
         disagree=not all(a for _, _, a in results))
+
+
+def time_variants(calls: list, variants: dict, rounds: int) -> tuple[dict, dict, dict]:
+    """Settings variants of one shape (``calls``: its rotations), each checked bit for bit
+    against the first variant's logits, then timed in alternation ``rounds`` times:
+    (identical, all times, median time) by variant name."""
+    run, _, out = ours(calls[0], next(iter(variants.values())))
+    run()
+    want = out.clone()
+    same = {}
+    for name, settings in variants.items():
+        run, _, out = ours(calls[0], settings)
+        run()
+        same[name] = torch.equal(out.view(torch.int32), want.view(torch.int32))
+    runs = {name: [ours(c, s)[0] for c in calls] for name, s in variants.items()}
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name in variants:
+            times[name].append(bench.graph_time_us(runs[name], 40))
+    return same, times, {name: statistics.median(t) for name, t in times.items()}
 
 
 def report(name: str, copy: float, records: list, lines: list[str]) -> None:
