@@ -4,7 +4,7 @@ Triton compiles for a GPU it does not have when given the target: its NVIDIA bac
 ships ``ptxas`` and ``cuobjdump``. This script compiles the store kernel (a format,
 ratio and launch setting; by default the settings ``store_settings`` picks at 256K
 tokens) or the top-k filter kernel (with and without bucketing) and prints the
-registers a thread, the local-memory (spill) bytes, the SASS instructions of a
+registers a thread, the stack frame a thread (where spills go), the SASS instructions of a
 program's first pass (up to its first ``EXIT``: the store's ratio-2 second pass, rarely
 taken, is left out) and, for the store, the warp instructions per written token.
 
@@ -40,7 +40,8 @@ def _tool(name: str) -> str:
 
 
 def compile_counts(fn, signature: dict, constexprs: dict, divisible: tuple, options: dict):
-    """(registers, local bytes, first-pass instructions) of ``fn`` compiled for sm_90.
+    """(registers, stack bytes, first-pass instructions) of ``fn`` compiled for sm_90.
+    Spilled registers live in the stack frame (``cuobjdump``'s ``STACK``, not ``LOCAL``).
     Pointers and the ``divisible`` integers are marked 16-divisible, as Triton's
     specialisation marks them at a launch with such values."""
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
@@ -58,11 +59,11 @@ def compile_counts(fn, signature: dict, constexprs: dict, divisible: tuple, opti
     finally:
         os.unlink(f.name)
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
     instructions = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     first_exit = next((i for i, line in enumerate(instructions) if "EXIT" in line),
                       len(instructions) - 1)
-    return registers, local, first_exit + 1
+    return registers, stack, first_exit + 1
 
 
 def store_counts(args) -> None:
@@ -82,11 +83,11 @@ def store_counts(args) -> None:
                       EAGER_LOADS=s.eager_loads, COMPACT=s.compact, RANGES=s.ranges,
                       EXACT_CASTS=False, USE_PDL=2)
     options = store.compile_options(True, True, s.max_registers) | {"num_warps": s.num_warps}
-    registers, local, first_pass = compile_counts(
+    registers, stack, first_pass = compile_counts(
         indexer_k_store_kernel, signature, constexprs,
         ("k_pre_row_stride", "cos_sin_row_stride", "page_stride"), options)
     line = (f"store {args.format} ratio {args.ratio} {s}: {registers} registers, "
-            f"{local} local bytes, {first_pass} instructions a thread in the first pass")
+            f"{stack} stack bytes, {first_pass} instructions a thread in the first pass")
     if not s.compact and not (args.ratio == 2 and s.eager_loads):
         # A program writes a token per pair at ratio 2, each of its tokens at ratio 1.
         line += f", {first_pass * s.num_warps / s.tokens_per_program:.0f} warp instructions " \
@@ -102,10 +103,10 @@ def filter_counts(args) -> None:
     for buckets in args.buckets:
         constexprs = dict(IS_BF16=False, HAS_LENGTHS=False, BLOCK=1024, BUCKETS=buckets,
                           USE_PDL=2)
-        registers, local, _ = compile_counts(topk_filter_kernel, signature, constexprs,
+        registers, stack, _ = compile_counts(topk_filter_kernel, signature, constexprs,
                                              ("row_stride", "split_cols"),
                                              {"num_warps": 4, "launch_pdl": True})
-        print(f"topk filter, BUCKETS={buckets}: {registers} registers, {local} local bytes")
+        print(f"topk filter, BUCKETS={buckets}: {registers} registers, {stack} stack bytes")
 
 
 def main() -> None:

@@ -87,7 +87,7 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         sampled = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                      direct_max_cols=0)._asdict()
         variants = [("sampled", sampled), ("direct-w8", dict(select_warps=8)),
-                    ("select-w32", dict(select_warps=32))]
+                    ("select-w32", dict(select_warps=32)), ("select-reg64", dict(max_registers=64))]
     else:
         def filter_(step, steps, warps=base.filter_warps):
             return dict(step=step, split_steps=steps, filter_warps=warps,
@@ -102,6 +102,7 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
             (f"select-w{other_warps}", dict(select_warps=other_warps)),
             ("select-w32", dict(select_warps=32)),
+            ("select-reg64", dict(max_registers=64)),  # two select programs an SM at 16 warps
             (f"chunk{other_chunk}", dict(chunk=other_chunk)),
             ("sample-2-bits", dict(sample_digit_bits=2)),
         ]
