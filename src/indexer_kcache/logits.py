@@ -82,9 +82,6 @@ class LogitsSettings(NamedTuple):
     # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
     # before the wait for the previous kernel; 0: none.
     hint_tiles: int = 0
-    # The hints after the wait instead (or in a plain launch): the program's chain of reads
-    # then waits on one memory round trip before its pages are asked for, not two.
-    hint_after_wait: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -412,9 +409,8 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
     pdl = settings.pdl if checks.pdl_supported(plan.device) else PDL_NONE
     nvidia = checks.nvidia_capability(plan.device) is not None
     options = checks.nvidia_options(nvidia, pdl != PDL_NONE, settings.max_registers)
-    # The L2 hints (PTX): a tile a page; before the wait only in a dependent launch.
-    hint = (nvidia and (pdl != PDL_NONE or settings.hint_after_wait) and plan.num_blocks > 0
-            and plan.block_size == settings.block_n)
+    # The L2 hints before the wait: only for a dependent launch, a tile a page.
+    hint = pdl != PDL_NONE and plan.block_size == settings.block_n and plan.num_blocks > 0
     launch = LOGITS_KERNEL.launch(
         plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
@@ -431,8 +427,7 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
-        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0,
-        HINT_AFTER_WAIT=settings.hint_after_wait)
+        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0)
     return launch, (plan.batch * row_groups, splits, 1)
 
 

@@ -1320,21 +1320,21 @@ def _hint_lines(page_bytes):
 def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
                       page_stride, num_blocks, col_lo, col_hi, NEXT_N: tl.constexpr,
                       ROWS: tl.constexpr, CTX_2D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                      PAGE_BYTES: tl.constexpr, TILES: tl.constexpr, CACHE: tl.constexpr):
-    """The pages of the program's first ``TILES`` tiles (a tile a page) asked for into L2,
-    so that its chain of reads (context length, block id, page) finds them on chip: the
-    context length and the block ids of the program's columns are read side by side,
-    whatever the context length, and the pages asked for at once.
+                      PAGE_BYTES: tl.constexpr, TILES: tl.constexpr):
+    """Before the dependent-launch wait: the pages of the program's first ``TILES`` tiles
+    (a tile a page) asked for into L2, so that its chain of reads after the wait (context
+    length, block id, page) finds them on chip.
 
-    Before the dependent-launch wait, the context length and block ids read here may still
-    be changing (the previous kernel may write them): they only choose what to hint,
-    clamped into the cache, and are read again after the wait; ``CACHE`` is then ``.cg``
-    (past L1, which keeps no copy that a read after the wait could find stale)."""
+    The context length and block ids read here may still be changing (the previous kernel
+    may write them): they only choose what to hint, clamped into the cache, and are read
+    again after the wait. They are read past L1 (``.cg``), which keeps no copy that a read
+    after the wait could find stale, and side by side: the block ids of the program's
+    columns, whatever the context length."""
     RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
-    limit, _ = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D, CACHE)
+    limit, _ = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D, ".cg")
     t0 = col_lo + tl.arange(0, TILES) * BLOCK_SIZE
     block = tl.load(table_row + t0 // BLOCK_SIZE, mask=t0 < col_hi, other=0,
-                    cache_modifier=CACHE).to(tl.int64)
+                    cache_modifier=".cg").to(tl.int64)
     hi = tl.minimum(col_hi, tl.max(limit, axis=0))
     # Pages the scan will read: block ids out of range are not (they score -inf).
     wanted = (t0 < hi) & (block >= 0) & (block < num_blocks)
@@ -1382,7 +1382,6 @@ def paged_mqa_logits_kernel(
     USE_PDL: tl.constexpr,
     RELU_BY_ABS: tl.constexpr,
     HINT_TILES: tl.constexpr,
-    HINT_AFTER_WAIT: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1395,10 +1394,8 @@ def paged_mqa_logits_kernel(
     ``VARIANT``: the launch form (``VARIANT_ROWS``, ``VARIANT_STACKED``; native only);
     ``WARPS``: the warps along the keys. ``USE_PDL``: a ``dependent_launch`` mode.
     ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``.
-    ``HINT_TILES`` (a tile a page, NVIDIA only): the pages of the program's first tiles are
-    asked for into L2 (``_hint_first_pages``) before the dependent-launch wait, or after it
-    when ``HINT_AFTER_WAIT`` (then the context length and the block ids are final, and the
-    program's own reads of them find them in L1)."""
+    ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
+    program's first tiles are asked for into L2 before the wait (``_hint_first_pages``)."""
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
     pid = tl.program_id(0)
     b = (pid // ROW_GROUPS).to(tl.int64)
@@ -1407,19 +1404,13 @@ def paged_mqa_logits_kernel(
     col_lo = split * chunk
     col_hi = tl.minimum(col_lo + chunk, num_cols)
     table_row = table_ptr + b * table_sb
-    PAGE_BYTES: tl.constexpr = BLOCK_SIZE * (ROW_BYTES_FP4 if USE_FP4 else ROW_BYTES_FP8)
     if HINT_TILES > 0:
-        tl.static_assert(BLOCK_N == BLOCK_SIZE and HAS_BLOCKS)
-        tl.static_assert(USE_PDL != 0 or HINT_AFTER_WAIT, "hints before the wait need PDL")
-    if HINT_TILES > 0 and not HINT_AFTER_WAIT:
+        tl.static_assert(USE_PDL != 0 and BLOCK_N == BLOCK_SIZE and HAS_BLOCKS)
         _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
                           page_stride, num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
-                          BLOCK_SIZE, PAGE_BYTES, HINT_TILES, ".cg")
+                          BLOCK_SIZE, BLOCK_SIZE * (ROW_BYTES_FP4 if USE_FP4 else ROW_BYTES_FP8),
+                          HINT_TILES)
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
-    if HINT_TILES > 0 and HINT_AFTER_WAIT:
-        _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache_ptr,
-                          page_stride, num_blocks, col_lo, col_hi, NEXT_N, ROWS, CTX_2D,
-                          BLOCK_SIZE, PAGE_BYTES, HINT_TILES, "")
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
     tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
     tl.static_assert(HP >= 16 and BLOCK_N >= 16)
