@@ -261,18 +261,23 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
         BUCKETED=buckets > 0, BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
-    chunk = min(s.chunk, s.block)
     rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
-                              out_row_stride=plan.out_row_stride, BLOCK=s.block, CHUNK=chunk,
+                              out_row_stride=plan.out_row_stride, BLOCK=s.block,
+                              CHUNK=rank_chunk(s),
                               WIDTH=s.width, USE_PDL=pdl)
     return sample, filter_, filter_grid, select, (rank, (rows, rank_programs(s, k, cols)))
+
+
+def rank_chunk(s: TopKSettings) -> int:
+    """The placed pairs a rank program takes at a time (no more than a row holds)."""
+    return min(s.chunk, s.block)
 
 
 def rank_programs(s: TopKSettings, k: int, cols: int) -> int:
     """The rank kernel's programs a row: enough chunks for the first ranks and the rest
     of the bucket that holds the last of them, unless a more crowded bucket leaves its
     programs a second chunk (see ``topk_rank_kernel``)."""
-    chunk = min(s.chunk, s.block)
+    chunk = rank_chunk(s)
     return min(s.block // chunk, -(-min(k, cols) // chunk) + 1)
 
 
