@@ -381,30 +381,6 @@ def test_relu_by_abs_gives_the_same_logits(fmt, q_form, scales):
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
 
 
-@pytest.mark.parametrize("fmt, q_form, next_n", [("fp8", "e4m3", 4), ("fp8", "e4m3", 2),
-                                                 ("mxfp4", "e4m3", 3), ("fp8-mx", "e4m3", 2),
-                                                 ("mxfp4", "mxfp4", 2)] + [
-    pytest.param(fmt, "bf16", 2, marks=pytest.mark.skipif(INTERPRETED, reason="see docstring"))
-    for fmt in ("fp8", "mxfp4")], ids=lambda v: str(v))
-def test_split_dot_scores_within_the_bound(fmt, q_form, next_n):
-    """The stacked form with each tile's dot in two halves of the rows (``split_dot``):
-    within the contract's bound of float64, -inf where nothing is seen. (Native dots of
-    bf16 queries are not run here: the interpreter multiplies the bits of a bitcast bf16
-    tensor as integers; the GPU tests cover them.)"""
-    call, options = make_call(fmt, "row-major", q_form, batch=3, next_n=next_n, heads=16,
-                              seed=9)
-    arguments = op_call(call, options)
-    plan = dataclasses.replace(check_logits(arguments), native=True)
-    settings = logits_settings(plan.batch, plan.next_n, plan.heads, plan.num_cols,
-                               plan.use_fp4_cache, plan.q_form, plan.sm_count, INTERPRETED,
-                               True)
-    assert settings.rows >= 2
-    with logits_settings.override(settings._replace(split_dot=True)):
-        run_logits(plan, arguments)
-    want, bound = expected(call, options)
-    assert_close(arguments.out, want, bound, "split dot")
-
-
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["none", "early", "at-exit"])
 def test_dependent_launch_mode_reaches_the_launch(monkeypatch, mode):
     """Where the GPU has dependent launch, the kernel gets the mode as USE_PDL and the

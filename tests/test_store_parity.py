@@ -560,7 +560,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                       MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
                       BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
                       SCALE_WORDS=True, VARIANT=1, WARPS=4, HAS_BLOCKS=True, USE_PDL=2,
-                      RELU_BY_ABS=True, HINT_TILES=4, SPLIT_DOT=False)
+                      RELU_BY_ABS=True, HINT_TILES=4)
     scalars = {name: "i32" for name in paged_mqa_logits_kernel.arg_names
                if name not in pointers and name not in constexprs}
     compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,
@@ -571,10 +571,6 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
                  dict(constexprs, NEXT_N=4, ROWS=4, CTX_2D=True, USE_FP4=False,
                       RELU_BY_ABS=False, HINT_TILES=2), target, num_warps=4, num_stages=6)
-    # Four rows of MXFP4 keys, each tile's dot in two halves of the rows.
-    compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
-             dict(constexprs, NEXT_N=4, ROWS=4, SPLIT_DOT=True), SM90, num_warps=4,
-             num_stages=3, maxnreg=168)
     compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
                                     out_ptr="*i32", out_row_stride="i32"),
              dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)

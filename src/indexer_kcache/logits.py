@@ -82,8 +82,6 @@ class LogitsSettings(NamedTuple):
     # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
     # before the wait for the previous kernel; 0: none.
     hint_tiles: int = 0
-    # The stacked form with two rows or more: each tile's dot in two halves of the rows.
-    split_dot: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -429,9 +427,7 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
-        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0,
-        SPLIT_DOT=(settings.split_dot and plan.native and settings.variant == VARIANT_STACKED
-                   and settings.rows >= 2))
+        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0)
     return launch, (plan.batch * row_groups, splits, 1)
 
 

@@ -1103,46 +1103,10 @@ def _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _head_sums(acc, w, BLOCK_N: tl.constexpr, RP: tl.constexpr, HP: tl.constexpr,
-               RELU_BY_ABS: tl.constexpr):
-    """``sum_h relu(acc) w`` per row, [BLOCK_N, RP] (twice that with ``RELU_BY_ABS``:
-    ``sum_h (acc + |acc|) w``)."""
-    if RELU_BY_ABS:
-        terms = tl.reshape(acc + tl.abs(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
-    else:
-        terms = tl.reshape(_relu(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
-    return tl.sum(terms, axis=2)
-
-
-@triton.jit
-def _split_columns(x, RH: tl.constexpr, LEAD: tl.constexpr):
-    """The stacked columns (last axis, ``RH``) of ``x`` as two halves: rows ``0 ..
-    RP/2 - 1`` and the rest. ``LEAD``: the size of the leading axis, 0 for none."""
-    if LEAD == 0:
-        halves = tl.split(tl.permute(tl.reshape(x, [2, RH // 2]), (1, 0)))
-    else:
-        halves = tl.split(tl.permute(tl.reshape(x, [LEAD, 2, RH // 2]), (0, 2, 1)))
-    return halves
-
-
-@triton.jit
-def _split_dot_sums(operand, q_halves, w_halves, BLOCK_N: tl.constexpr, RP: tl.constexpr,
-                    HP: tl.constexpr, RELU_BY_ABS: tl.constexpr):
-    """``_head_sums`` of ``dot(operand, q)`` computed half the rows at a time."""
-    q_a, q_b = q_halves
-    w_a, w_b = w_halves
-    s_a = _head_sums(tl.dot(operand, q_a, out_dtype=tl.float32), w_a, BLOCK_N, RP // 2, HP,
-                     RELU_BY_ABS)
-    s_b = _head_sums(tl.dot(operand, q_b, out_dtype=tl.float32), w_b, BLOCK_N, RP // 2, HP,
-                     RELU_BY_ABS)
-    return tl.reshape(tl.permute(tl.join(s_a, s_b), (0, 2, 1)), [BLOCK_N, RP])
-
-
-@triton.jit
 def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
                  GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, Q_FORM: tl.constexpr,
                  BLOCK_N: tl.constexpr, RP: tl.constexpr, HP: tl.constexpr,
-                 RELU_BY_ABS: tl.constexpr, SPLIT_DOT: tl.constexpr):
+                 RELU_BY_ABS: tl.constexpr):
     """The logits ``[BLOCK_N, RP]`` of a tile for the program's rows.
 
     MXFP4 keys, not ``GROUPED``: each key's group exponents ``e_g`` give ``k_g =
@@ -1154,11 +1118,8 @@ def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
     per group (``_fp4_grouped_acc``), exact for every key. Against bf16 queries the keys
     decode straight to bf16 (``_fp4_operand_bf16``), whose range keeps the fold exact while
     ``e_g - max e > -BF16_FOLD_SPAN``. FP8 keys: one dot, or per group with
-    ``GROUPED_Q``. ``SPLIT_DOT`` (one unscaled dot, ``q_op`` and ``w`` as halves from
-    ``_split_columns``): the dot in two halves of the rows, each summed over its heads
-    before the other's starts, so that half the result is live at a time."""
+    ``GROUPED_Q``."""
     RH: tl.constexpr = RP * HP
-    tl.static_assert(not SPLIT_DOT or not (GROUPED or GROUPED_Q))
     if USE_FP4:
         t, readable, word, words = tile
         emax, emin = _byte_max_min(word)
@@ -1179,28 +1140,24 @@ def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
                 t_lo, t_hi = _fp4_tables(e - emax[:, None] + FP4_FOLD_TOP)
                 operand = _key_operand_v1(_fp4_operand(words, t_lo, t_hi, BLOCK_N, False),
                                           Q_FORM)
-            if not SPLIT_DOT:
-                acc = tl.dot(operand, q_op, out_dtype=tl.float32)
+            acc = tl.dot(operand, q_op, out_dtype=tl.float32)
     else:
         t, readable, key_factor, codes = tile
-        operand = _key_operand_v1(codes, Q_FORM)
         if GROUPED_Q:
             acc = _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM, BLOCK_N, RH)
-        elif not SPLIT_DOT:
-            acc = tl.dot(operand, q_op, out_dtype=tl.float32)
-    # (x + |x|) w = 2 relu(x) w for the finite x of one unscaled dot, the 2 taken back
-    # with the key's factor: the same logits unless a term is subnormal. An add instead
-    # of a max, off the pipe the decoding keeps busy. (The per-group paths scale their
-    # partial sums, which may overflow: they keep the max.)
-    by_abs: tl.constexpr = RELU_BY_ABS and not GROUPED and not GROUPED_Q
-    if SPLIT_DOT:
-        sums = _split_dot_sums(operand, q_op, w, BLOCK_N, RP, HP, by_abs)
-    else:
-        sums = _head_sums(acc, w, BLOCK_N, RP, HP, by_abs)
-    if by_abs:
+        else:
+            acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+    if RELU_BY_ABS and not GROUPED and not GROUPED_Q:
+        # (x + |x|) w = 2 relu(x) w for the finite x of one unscaled dot, the 2 taken back
+        # with the key's factor: the same logits unless a term is subnormal. An add
+        # instead of a max, off the pipe the decoding keeps busy. (The per-group paths
+        # scale their partial sums, which may overflow: they keep the max.)
+        terms = tl.reshape(acc + tl.abs(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
         key_factor = key_factor * 0.5
+    else:
+        terms = tl.reshape(_relu(acc), [BLOCK_N, RP, HP]) * tl.reshape(w, [1, RP, HP])
     # FP8: the key's scale, a positive power of two; MXFP4: its largest group scale.
-    return sums * key_factor[:, None]
+    return tl.sum(terms, axis=2) * key_factor[:, None]
 
 
 @triton.jit
@@ -1227,7 +1184,7 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
              NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
              GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, RP: tl.constexpr,
              HP: tl.constexpr, WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr,
-             RELU_BY_ABS: tl.constexpr, SPLIT_DOT: tl.constexpr):
+             RELU_BY_ABS: tl.constexpr):
     """The tile loop of the stacked form over positions ``[col_lo, hi)``. MXFP4 keys, not
     ``GROUPED``: returns 1.0 when some logit written was NaN (a key the fold cannot score
     exactly, or a poisoned one), else 0.0; otherwise 0.0."""
@@ -1237,7 +1194,7 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
                         MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
                         SCALE_WORDS, WARPS, HAS_BLOCKS)
         scores = _tile_scores(tile, q_op, w, q_scales, USE_FP4, GROUPED, GROUPED_Q,
-                              Q_FORM, BLOCK_N, RP, HP, RELU_BY_ABS, SPLIT_DOT)
+                              Q_FORM, BLOCK_N, RP, HP, RELU_BY_ABS)
         value = _store_rows(out_ptr, out_sr, row_base, tile[0], col_hi, scores, tile[1], limit,
                             valid, CLEAN, RP)
         if USE_FP4 and not GROUPED:
@@ -1275,7 +1232,7 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                      row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, limit, valid,
                      FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
-                     WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
+                     WARPS, HAS_BLOCKS, RELU_BY_ABS)
         else:
             q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads, d,
                                NEXT_N, 1, Q_FORM, HP, HP, False)
@@ -1286,7 +1243,7 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                      row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid, Q_FORM,
                      USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
                      BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS,
-                     HAS_BLOCKS, RELU_BY_ABS, False)
+                     HAS_BLOCKS, RELU_BY_ABS)
 
 
 @triton.jit
@@ -1299,7 +1256,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                 SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                 HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
-                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr, SPLIT_DOT: tl.constexpr):
+                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr):
     """The stacked form of one program; returns ``hi`` (the end of the scored positions).
 
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
@@ -1328,18 +1285,11 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                                 NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2)
     w = w * factor
     if exact != 0:
-        if SPLIT_DOT:
-            tl.static_assert(RP >= 2, "the split dot takes half the rows at a time")
-            q_first = _split_columns(q_op, RH, 128)
-            w_first = _split_columns(w, RH, 0)
-        else:
-            q_first = q_op
-            w_first = w
         nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                            row_base, col_lo, hi, col_hi, q_first, w_first, 0, limit, valid, FORM,
-                            USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                            BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP,
-                            HP, WARPS, HAS_BLOCKS, RELU_BY_ABS, SPLIT_DOT)
+                            row_base, col_lo, hi, col_hi, q_op, w, 0, limit, valid, FORM, USE_FP4,
+                            MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
+                            BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
+                            HAS_BLOCKS, RELU_BY_ABS)
         if USE_FP4:
             if nan_seen != 0:
                 _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
@@ -1432,7 +1382,6 @@ def paged_mqa_logits_kernel(
     USE_PDL: tl.constexpr,
     RELU_BY_ABS: tl.constexpr,
     HINT_TILES: tl.constexpr,
-    SPLIT_DOT: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1446,9 +1395,7 @@ def paged_mqa_logits_kernel(
     ``WARPS``: the warps along the keys. ``USE_PDL``: a ``dependent_launch`` mode.
     ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``.
     ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
-    program's first tiles are asked for into L2 before the wait (``_hint_first_pages``).
-    ``SPLIT_DOT`` (stacked form, two rows or more): each tile's dot in two halves of the
-    rows (``_split_dot_sums``)."""
+    program's first tiles are asked for into L2 before the wait (``_hint_first_pages``)."""
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
     pid = tl.program_id(0)
     b = (pid // ROW_GROUPS).to(tl.int64)
@@ -1478,7 +1425,7 @@ def paged_mqa_logits_kernel(
                          out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N,
                          ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                          D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
-                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS, SPLIT_DOT)
+                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.
