@@ -1,6 +1,7 @@
 """Launch-setting sweep for the store, graph-timed on a GPU:
 
     python benchmarks/tune_store.py [--formats fp8 mxfp4] [--ratios 1 2] [--calls 50]
+                                    [--key-dtype float32]
 
 For each size, every (tokens per program, warps, eager loads, register cap, compaction,
 ranges per program) candidate of that size class, with programmatic dependent launch (PDL)
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import itertools
 
+import torch
+
 from indexer_kcache import bench, store
 
 SMALL = [(1, 1, True, 0), (2, 1, True, 0), (4, 1, True, 0), (2, 2, True, 0), (4, 4, True, 0),
@@ -23,7 +26,9 @@ LARGE = [(32, 2, True, 0), (32, 4, True, 0), (64, 4, True, 0), (32, 2, False, 0)
          (32, 4, False, 0), (64, 4, False, 0), (32, 4, False, 96), (32, 4, False, 88),
          (32, 4, False, 80), (32, 4, False, 72), (16, 2, False, 80), (32, 2, False, 128),
          (16, 2, False, 0), (16, 2, False, 96), (16, 2, False, 72), (16, 4, False, 0),
-         (8, 1, False, 0), (8, 1, False, 80), (8, 2, False, 0), (16, 1, False, 0)]
+         (8, 1, False, 0), (8, 1, False, 80), (8, 2, False, 0), (16, 1, False, 0),
+         (16, 2, True, 0), (16, 4, True, 0), (8, 2, True, 0), (64, 8, True, 0),
+         (32, 2, True, 128)]
 # The compacted path (ratio 2): (tokens per batch, warps, register cap, ranges per program).
 COMPACT = [(16, 2, 0, 1), (16, 2, 0, 2), (16, 2, 0, 4), (16, 2, 168, 2), (16, 2, 128, 4),
            (8, 1, 0, 2), (8, 1, 0, 4), (32, 4, 0, 2)]
@@ -53,12 +58,14 @@ def main() -> None:
     parser.add_argument("--ratios", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--tokens", type=int, nargs="*", default=list(CANDIDATES))
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--key-dtype", choices=["bfloat16", "float32", "float16"],
+                        default="bfloat16", help="the dtype of k_pre")
     args = parser.parse_args()
     copy = bench.copy_bandwidth_GBps()
     empty_graph_us, _ = bench.empty_launch_us(args.calls)
     print(f"copy {copy:.0f} GB/s, empty launch {empty_graph_us:.2f} us in a graph")
     for fmt, cr, t in itertools.product(args.formats, args.ratios, args.tokens):
-        inputs = bench.make_inputs(t, fmt, cr, "cuda")
+        inputs = bench.make_inputs(t, fmt, cr, "cuda", k_pre_dtype=getattr(torch, args.key_dtype))
         nbytes = bench.minimal_store_bytes(inputs)
         row = []
         for setting in CANDIDATES[t]:
@@ -73,7 +80,8 @@ def main() -> None:
         no_pdl_us, ok = timed(inputs, fmt, args.calls, best, False)
         cells = " ".join(f"{label(setting)}:{us:.2f}{'' if ok else '!'}"
                          for us, setting, ok in row[:6])
-        print(f"{fmt:6} cr{cr} {t:>7}: best {label(best)} {us:6.2f} us {100 * nbytes / us / 1e3 / copy:5.1f}%"
+        pct = 100 * nbytes / us / 1e3 / copy
+        print(f"{fmt:6} {args.key_dtype} cr{cr} {t:>7}: best {label(best)} {us:6.2f} us {pct:5.1f}%"
               f" (PDL off {no_pdl_us:.2f}{'' if ok else '!'}) | {cells}", flush=True)
 
 

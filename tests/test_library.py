@@ -192,3 +192,18 @@ def test_compile_fullgraph_scores_and_selects():
     want = step(q, weights, context_lens, block_table)
     got = compiled(q, weights, context_lens, block_table)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_meta_tensors_give_meta_results():
+    """Eager calls on meta tensors take the ops' fake implementations (shapes and dtypes, no
+    launch), as they do through the dispatcher."""
+    q, cache, weights, context_lens, block_table = (t.to("meta") for t in _scoring_inputs())
+    logits = ik.paged_mqa_logits((q, None), cache, weights, context_lens, block_table, 50)
+    assert logits.is_meta and logits.shape == (2, 50) and logits.dtype == torch.float32
+    picked = ik.top_k_indices(logits, 8)
+    assert picked.is_meta and picked.shape == (2, 8) and picked.dtype == torch.int32
+    slots = torch.arange(5, device="meta")
+    values, scales = ik.gather_indexer_k(cache, slots, False)
+    assert values.is_meta and values.shape == (5, 128) and scales.shape == (5, 4)
+    keys = ik.dequantize_indexer_k(cache, slots, False, mx_scales=False)
+    assert keys.is_meta and keys.shape == (5, 128) and keys.dtype == torch.float32

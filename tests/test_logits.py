@@ -709,6 +709,11 @@ def bad_calls():
         ("out-dtype", TypeError, "out",
          lambda c: dict(out=torch.zeros(4, c["max_model_len"], dtype=torch.float64, device=DEVICE))),
         ("out-shape", ValueError, "out", lambda c: dict(out=torch.zeros(4, 3, device=DEVICE))),
+        ("out-rows-overlap", ValueError, "out.stride(0)",
+         lambda c: dict(out=torch.zeros(1, c["max_model_len"], device=DEVICE).expand(4, -1))),
+        ("q-rank-with-out", ValueError, "q[0]: expected shape [B, next_n, H, 128]",
+         lambda c: dict(q=(c["q"][0][:, 0], None),
+                        out=torch.zeros(4, c["max_model_len"], device=DEVICE))),
         ("clean-type", TypeError, "clean_logits", lambda c: dict(clean_logits=1)),
         ("mx-type", TypeError, "mx_scales", lambda c: dict(mx_scales="no")),
         ("backend", ValueError, "backend", lambda c: dict(backend="cuda")),
@@ -725,6 +730,19 @@ def test_bad_arguments_raise_naming_them(name, error, words, change):
     call, options = make_call("fp8", "row-major", "e4m3")
     with pytest.raises(error, match=re.escape(words)):
         paged_mqa_logits(**(call | options | change(call)))
+
+
+def test_out_rows_may_be_spaced():
+    """An ``out`` whose rows lie further apart than ``max_model_len`` (a view of a wider
+    buffer) is written in place; the columns between the rows stay as they were."""
+    call, options = make_call("fp8", "row-major", "e4m3")
+    width = call["max_model_len"]
+    wide = torch.full((4, width + 5), 7.0, device=DEVICE)
+    got = paged_mqa_logits(**(call | options | dict(out=wide[:, :width])))
+    assert got.data_ptr() == wide.data_ptr()
+    want = paged_mqa_logits(**(call | options))
+    assert torch.equal(wide[:, :width], want)
+    assert torch.equal(wide[:, width:], torch.full((4, 5), 7.0, device=DEVICE))
 
 
 def test_deepgemm_entry_point_rejects_indices():

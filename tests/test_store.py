@@ -228,6 +228,14 @@ def test_large_ratio_2_settings_by_key_width():
     assert ik.store.store_settings(262144, 2, True, interpreted=True, key_bytes=4).ranges == 1
 
 
+def test_large_ratio_1_settings_by_key_width():
+    """Above 64K tokens at ratio 1, float32 keys into MXFP4 take 16 tokens a program (their
+    rows hold twice the registers); bf16 keys 32, FP8 32 over 4 warps either way."""
+    for fp4, key_bytes, tokens in [(True, 2, 32), (True, 4, 16), (False, 2, 32), (False, 4, 32)]:
+        s = ik.store.store_settings(262144, 1, fp4, interpreted=False, key_bytes=key_bytes)
+        assert (s.tokens_per_program, s.eager_loads, s.compact) == (tokens, True, False), s
+
+
 @pytest.mark.sweep
 @pytest.mark.parametrize("page_pad", [24, 0], ids=["padded-pages", "packed-pages"])
 @pytest.mark.parametrize("setting", GPU_SETTINGS, ids=_setting_id)

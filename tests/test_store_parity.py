@@ -98,8 +98,9 @@ def test_float_keys_write_the_bytes_of_their_bf16_rounding(fmt, layout_name, dty
     assert_same_bytes(got_reference, want, f"reference, {dtype} keys vs the bf16 call")
 
 
-@pytest.mark.parametrize("setting", [(1, 1, True, 0, False, 1), (2, 1, False, 0, False, 1),
-                                     (4, 1, False, 0, True, 2)], ids=["eager", "pairs", "compact"])
+@pytest.mark.parametrize("setting", [(1, 1, True, 0, False, 1), (16, 2, True, 0, False, 1),
+                                     (2, 1, False, 0, False, 1), (4, 1, False, 0, True, 2)],
+                         ids=["eager", "eager-16x2", "pairs", "compact"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_float_keys_through_every_load_path(dtype, setting, use_settings):
     use_settings(setting)
@@ -440,8 +441,9 @@ def test_poisoned_keys_beside_clean_ones(fmt, layout_name):
     assert ((pages(want) == pages(without)) | poisoned_bytes).all(), "another byte changed"
 
 
-@pytest.mark.parametrize("setting", [(1, 1, True, 0, False, 1), (2, 1, False, 0, False, 1),
-                                     (4, 1, False, 0, True, 2)], ids=["eager", "pairs", "compact"])
+@pytest.mark.parametrize("setting", [(1, 1, True, 0, False, 1), (16, 2, True, 0, False, 1),
+                                     (2, 1, False, 0, False, 1), (4, 1, False, 0, True, 2)],
+                         ids=["eager", "eager-16x2", "pairs", "compact"])
 @pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 def test_poisoned_keys_through_every_load_path(compress_ratio, setting, use_settings):
     use_settings(setting)

@@ -145,10 +145,11 @@ def plain_eager() -> bool:
 
 
 def plain_tensors(tensors: tuple) -> bool:
-    """Whether every tensor is a plain ``torch.Tensor`` (no subclass that would expect its
-    own dispatch)."""
+    """Whether every tensor is a plain ``torch.Tensor`` with data: no subclass that would
+    expect its own dispatch, no meta tensor (only the op's fake implementation takes
+    those)."""
     for t in tensors:
-        if type(t) is not torch.Tensor:
+        if type(t) is not torch.Tensor or t.is_meta:
             return False
     return True
 

@@ -238,6 +238,9 @@ def check_logits(call) -> LogitsPlan:
         fail_value("out", f"shape [B * next_n, max_model_len] with B * next_n = {batch * next_n}",
                    f"shape {tuple(out.shape)}")
     _check_last_dim_unit_stride("out", out)
+    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+        fail_value("out.stride(0)", f">= max_model_len = {out.shape[1]} (rows must not overlap)",
+                   out.stride(0))
     max_model_len = out.shape[1]
     tensors = dict(q=values, weights=weights, context_lens=context_lens, block_table=block_table,
                    out=out)
@@ -534,9 +537,9 @@ def paged_mqa_logits(
     values, scales = split_query(q)
     checks.check_int("max_model_len", max_model_len, at_least=0)
     rows = values.shape[0] * values.shape[1] if values.dim() == 4 else -1
+    if rows < 0:
+        _query_form(values, scales)  # names the bad shape
     if out is None:
-        if rows < 0:
-            _query_form(values, scales)  # names the bad shape
         out = torch.empty((rows, max_model_len), dtype=torch.float32, device=values.device)
     elif isinstance(out, torch.Tensor) and tuple(out.shape) != (rows, max_model_len):
         fail_value("out", f"shape [B * next_n, max_model_len] = {[rows, max_model_len]}",
