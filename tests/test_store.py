@@ -229,11 +229,12 @@ def test_large_ratio_2_settings_by_key_width():
 
 
 def test_large_ratio_1_settings_by_key_width():
-    """Above 64K tokens at ratio 1, float32 keys into MXFP4 take 16 tokens a program (their
-    rows hold twice the registers); bf16 keys 32, FP8 32 over 4 warps either way."""
-    for fp4, key_bytes, tokens in [(True, 2, 32), (True, 4, 16), (False, 2, 32), (False, 4, 32)]:
+    """Above 64K tokens at ratio 1, bf16 keys into MXFP4 take 32 tokens a program; float32
+    keys into MXFP4 (their rows hold twice the registers) and FP8 16; two warps each."""
+    for fp4, key_bytes, tokens in [(True, 2, 32), (True, 4, 16), (False, 2, 16), (False, 4, 16)]:
         s = ik.store.store_settings(262144, 1, fp4, interpreted=False, key_bytes=key_bytes)
-        assert (s.tokens_per_program, s.eager_loads, s.compact) == (tokens, True, False), s
+        assert (s.tokens_per_program, s.num_warps, s.eager_loads, s.compact) == (
+            tokens, 2, True, False), s
 
 
 @pytest.mark.sweep

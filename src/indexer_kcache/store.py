@@ -168,7 +168,8 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     takes token pairs, so that the rows of skipped tokens are not read, and needs more
     programs in flight (a register cap) above 64K tokens, except for float32 keys into
     MXFP4, whose pairs would spill: those compact each range's written tokens onto the
-    lanes before the encode (``compact``); at ratio 1 they take 16 tokens a program, not 32.
+    lanes before the encode (``compact``); at ratio 1 they take 16 tokens a program, as FP8
+    does, not 32.
     """
     if interpreted:
         return StoreSettings(64, 1, False, 0)  # the interpreter's cost is per program
@@ -184,9 +185,10 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
         if use_fp4 and key_bytes > 2:  # float32 keys: the pairs path spills
             return StoreSettings(8, 1, False, 0, True, 2)
         return StoreSettings(16, 2, False, 96)
-    if use_fp4:  # float32 keys hold twice the registers a row: half the tokens a program
-        return StoreSettings(16 if key_bytes > 2 else 32, 2, True, 0)
-    return StoreSettings(32, 4, True, 0)
+    if use_fp4 and key_bytes == 2:
+        return StoreSettings(32, 2, True, 0)
+    # FP8, and float32 keys into MXFP4 (twice the registers a row): 16 tokens a program.
+    return StoreSettings(16, 2, True, 0)
 
 
 def compile_options(nvidia: bool, pdl: bool, max_registers: int) -> dict:
