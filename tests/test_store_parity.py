@@ -116,6 +116,25 @@ def test_float_keys_match_the_oracle():
         assert_same_bytes(run_store(case, "triton"), oracle_pages(case), f"{dtype} vs oracle")
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_subnormal_bf16_inputs_write_the_oracle_bytes(fmt):
+    """bf16 keys, weights and cos/sin holding subnormals (tiny keys, whose amax sits at the
+    floor) and the same call with float32 keys write the oracle's bytes."""
+    use_fp4, mx = layout.FORMATS[fmt]
+    case = make_case(12, use_fp4_cache=use_fp4, cos_sin_dtype=torch.bfloat16, skip_every=3)
+    tiny = case.k_pre[:, :]
+    tiny[1::2] = torch.where(torch.isnan(tiny[1::2]), tiny[1::2], tiny[1::2] * 1e-36)
+    tiny[1::2, ::5] = 5e-39
+    tiny[1::2, 1::7] = -9.2e-41
+    case.weight[::3] = 3e-39
+    case.cos_sin_cache[:, ::4] = 6e-39
+    got = run_store(case, "triton", mx_scales=mx)
+    assert_same_bytes(got, oracle_pages(case, mx_scales=mx), "subnormal bf16 inputs vs oracle")
+    assert_same_bytes(got, run_store(case, "reference", mx_scales=mx), "vs reference")
+    case.k_pre = case.k_pre.float()
+    assert_same_bytes(run_store(case, "triton", mx_scales=mx), got, "float32 keys vs bf16")
+
+
 def test_float_keys_pass_opcheck():
     case = float_key_case(torch.float32, True, 1, seed=3, num_tokens=8)
     torch.library.opcheck(torch.ops.indexer_kcache.indexer_k_norm_rope_store.default,

@@ -1,8 +1,8 @@
 """Triton helpers whose results are bit-exact on every backend, the CPU interpreter included.
 
 ``EXACT_CASTS`` selects integer/compare implementations of the float conversions. The
-interpreter needs them (its bf16 cast truncates and its fp8 cast rounds ties away and
-drops carries); GPUs with native conversions may use those, which give the same bytes.
+interpreter needs them (its bf16 cast truncates, its bf16 -> float32 cast misreads
+subnormals and its fp8 cast rounds ties away and drops carries); GPUs with native conversions may use those, which give the same bytes.
 Two native forms are inline PTX (NVIDIA sm_89 and newer, where ``EXACT_CASTS`` is off):
 the paired bf16 rounding and the E2M1 byte of two values; ``tests/test_numerics.py``
 checks them on the GPU against torch and the reference (every bf16 value up to 6).
@@ -29,6 +29,17 @@ def round_to_bf16(x, EXACT_CASTS: tl.constexpr):
         y = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
     else:
         y = x.to(tl.bfloat16).to(tl.float32)
+    return y
+
+
+@triton.jit
+def widen_to_float32(x, EXACT_CASTS: tl.constexpr):
+    """bf16, float16 or float32 -> float32, exactly: a bf16 is the top half of its float32
+    (moved there as an integer with ``EXACT_CASTS``)."""
+    if EXACT_CASTS and x.dtype == tl.bfloat16:
+        y = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        y = x.to(tl.float32)
     return y
 
 

@@ -18,6 +18,7 @@ from .numerics import (
     float_to_e4m3,
     pow2,
     round_to_bf16_pair,
+    widen_to_float32,
 )
 
 
@@ -76,10 +77,11 @@ def _store_scales(page_ptr, p, first, scale_bytes, mask, BLOCK_SIZE: tl.constexp
 
 
 @triton.jit
-def _split_pairs(half):
-    """[2, 2, T, 2, 8] -> even and odd elements, [2, 2, T, 2, 4] each (in-thread)."""
+def _split_pairs(half, EXACT_CASTS: tl.constexpr):
+    """[2, 2, T, 2, 8] -> even and odd elements as float32, [2, 2, T, 2, 4] each
+    (in-thread)."""
     T: tl.constexpr = half.shape[2]
-    return tl.split(tl.reshape(half.to(tl.float32), [2, 2, T, 2, 4, 2]))
+    return tl.split(tl.reshape(widen_to_float32(half, EXACT_CASTS), [2, 2, T, 2, 4, 2]))
 
 
 @triton.jit
@@ -192,10 +194,11 @@ def _norm_rope_quant_store(
     group_pos = pos - pos % COMPRESS_RATIO
     # cos/sin of RoPE pair j = 16 g + 4 c + q of the high half.
     cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _pair_index()
-    cos = tl.load(cs_ptr, mask=_per_token(write), other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + layout.ROPE_DIM // 2, mask=_per_token(write), other=0.0).to(tl.float32)
-    lo_x, lo_y = _split_pairs(lo)
-    hi_x, hi_y = _split_pairs(hi)
+    cos = widen_to_float32(tl.load(cs_ptr, mask=_per_token(write), other=0.0), EXACT_CASTS)
+    sin = widen_to_float32(tl.load(cs_ptr + layout.ROPE_DIM // 2, mask=_per_token(write),
+                                   other=0.0), EXACT_CASTS)
+    lo_x, lo_y = _split_pairs(lo, EXACT_CASTS)
+    hi_x, hi_y = _split_pairs(hi, EXACT_CASTS)
     if lo.dtype != tl.bfloat16:  # float32 or float16 keys: first rounded to bf16
         lo_x, lo_y = round_to_bf16_pair(lo_x, lo_y, EXACT_CASTS)
         hi_x, hi_y = round_to_bf16_pair(hi_x, hi_y, EXACT_CASTS)
@@ -206,9 +209,9 @@ def _norm_rope_quant_store(
     if BLOCK_T > 8:
         w_lo = tl.load(w_lo + element)
         w_hi = tl.load(w_hi + HALF + element)
-    w_x, w_y = _split_pairs(w_lo)
+    w_x, w_y = _split_pairs(w_lo, EXACT_CASTS)
     lo_x, lo_y = round_to_bf16_pair(lo_x * inv_rms * w_x, lo_y * inv_rms * w_y, EXACT_CASTS)
-    w_x, w_y = _split_pairs(w_hi)
+    w_x, w_y = _split_pairs(w_hi, EXACT_CASTS)
     hi_x, hi_y = round_to_bf16_pair(hi_x * inv_rms * w_x, hi_y * inv_rms * w_y, EXACT_CASTS)
     hi_x, hi_y = round_to_bf16_pair(hi_x * cos - hi_y * sin, hi_y * cos + hi_x * sin,
                                     EXACT_CASTS)
