@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -91,6 +93,38 @@ def test_out_of_range_slots_raise_index_error(backend):
     with pytest.raises(IndexError):
         ik.gather_indexer_k_by_blocks(cache, table, torch.tensor([0, 20], device=DEVICE), False,
                                       backend=backend)
+
+
+@pytest.mark.parametrize("check_bounds", [True, False], ids=["checked", "unchecked"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("offsets", [[-16, 3, 5], [4, 6, 9], [0, 20, 10]],
+                         ids=["negative-start", "late-start", "decreasing"])
+def test_bad_sequence_offsets_raise(offsets, backend, check_bounds):
+    """``cu_seq_lens`` must be non-decreasing from 0 (else its rows would fall outside the
+    output): a ValueError naming it, whatever the bounds checking, on both backends."""
+    case, cache, *_ = written_case("fp8", "row-major", num_tokens=40, block_size=16,
+                                   num_blocks=3)
+    table = torch.tensor([[0, 1], [1, 0]], device=DEVICE)
+    kwargs = dict(backend=backend) | (dict(check_bounds=False) if not check_bounds else {})
+    with pytest.raises(ValueError, match=re.escape("cu_seq_lens: expected non-decreasing")):
+        ik.gather_indexer_k_by_blocks(cache, table, torch.tensor(offsets, device=DEVICE), False,
+                                      **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_huge_block_ids_are_out_of_range(backend):
+    """A block id whose first slot would wrap around int64 into the cache is out of range:
+    an IndexError when checked, zeros when not (never block 0's rows)."""
+    case, cache, values, *_ = written_case("fp8", "row-major", num_tokens=8, block_size=16,
+                                           num_blocks=2)
+    table = torch.tensor([[2**60]], device=DEVICE)
+    cu = torch.tensor([0, 3], device=DEVICE)
+    with pytest.raises(IndexError):
+        ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend)
+    if backend == "triton":
+        got, scales = ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend,
+                                                    check_bounds=False)
+        assert (got == 0).all() and (scales == 0).all()
 
 
 def test_unchecked_out_of_range_rows_are_zero():

@@ -564,11 +564,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                   num_rows="i32", block_table_ptr="*i64", block_table_row_stride="i32",
                   block_table_cols="i32", cu_seq_lens_ptr="*i64", values_ptr="*u8",
                   scales_ptr="*u8", dequant_ptr="*fp32")
-    for target in (SM90, GFX942):
+    for target, by_blocks in ((SM90, False), (GFX942, False), (SM90, True)):
         compile_(gather_indexer_k_kernel, gather,
                  dict(USE_FP4=True, MX_SCALES=False, LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=32,
-                      D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=False,
-                      DEQUANTIZE=True, BLOCK_R=32), target, num_warps=4)
+                      D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=by_blocks,
+                      DEQUANTIZE=not by_blocks, BLOCK_R=32), target, num_warps=4)
     # The scorer (MXFP4 keys, e4m3 queries, the stacked form, launched dependently, its
     # first pages hinted into L2 before the wait) and a top-k kernel launched dependently:
     # their PDL waits and options compile.

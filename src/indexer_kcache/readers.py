@@ -171,18 +171,26 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
     return keys
 
 
+def sequence_rows(cu_seq_lens: torch.Tensor) -> tuple[int, int]:
+    """(rows of the output, longest sequence) of ``cu_seq_lens``, checked: offsets from 0,
+    non-decreasing (else a ``ValueError``: rows would fall outside the output). One
+    synchronisation: the output's size depends on it."""
+    cu = cu_seq_lens.long().cpu()
+    lengths = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or (lengths.numel() and int(lengths.min()) < 0):
+        shown = cu[:8].tolist()
+        checks.fail_value("cu_seq_lens", "non-decreasing offsets starting at 0",
+                          f"{shown}{' ...' if cu.numel() > 8 else ''}")
+    return int(cu[-1]), int(lengths.max()) if lengths.numel() else 0
+
+
 def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     check_sequence_counts(call)
     k_cache, block_table, cu_seq_lens = call.k_cache, call.block_table, call.cu_seq_lens
+    num_rows, max_len = sequence_rows(cu_seq_lens)
     if plan.backend == "reference":
         slots = reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size)
         return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile)
-    cu = cu_seq_lens.long().cpu()  # the output's size: one synchronisation
-    lengths = cu[1:] - cu[:-1]
-    if lengths.numel() and int(lengths.min()) < 0:
-        checks.fail_value("cu_seq_lens", "non-decreasing offsets", cu.tolist())
-    num_rows = int(cu[-1]) if cu.numel() else 0
-    max_len = int(lengths.max()) if lengths.numel() else 0
     if plan.check_bounds and num_rows:
         checks.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),

@@ -45,7 +45,9 @@ def gather_indexer_k_kernel(
         column = i // BLOCK_SIZE
         block = tl.load(block_table_ptr + seq * block_table_row_stride + column,
                         mask=live & (column < block_table_cols), other=-1).to(tl.int64)
-        slot = tl.where(block >= 0, block * BLOCK_SIZE + i % BLOCK_SIZE, -1)
+        # The block id is range-checked before it is scaled (a huge one would wrap).
+        in_cache = (block >= 0) & (block < num_slots // BLOCK_SIZE)
+        slot = tl.where(in_cache, block * BLOCK_SIZE + i % BLOCK_SIZE, -1)
         row = start + i
     else:
         row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)

@@ -2,10 +2,11 @@
 
 ``EXACT_CASTS`` selects integer/compare implementations of the float conversions. The
 interpreter needs them (its bf16 cast truncates, its bf16 -> float32 cast misreads
-subnormals and its fp8 cast rounds ties away and drops carries); GPUs with native conversions may use those, which give the same bytes.
-Two native forms are inline PTX (NVIDIA sm_89 and newer, where ``EXACT_CASTS`` is off):
-the paired bf16 rounding and the E2M1 byte of two values; ``tests/test_numerics.py``
-checks them on the GPU against torch and the reference (every bf16 value up to 6).
+subnormals and its fp8 cast rounds ties away and drops carries); GPUs with native
+conversions may use those, which give the same bytes. Two native forms are inline PTX
+(NVIDIA sm_89 and newer, where ``EXACT_CASTS`` is off): the paired bf16 rounding and the
+E2M1 byte of two values; ``tests/test_numerics.py`` checks them on the GPU against torch
+and the reference (every bf16 value up to 6).
 """
 
 import triton

@@ -301,7 +301,10 @@ def slots_of_sequences(
             f"block_table has {block_table.shape[1]} columns; a sequence needs "
             f"{int(blocks_needed.max()) + 1}"
         )
-    return block_table.long()[seq, blocks_needed] * block_size + i % block_size
+    # A block id past any cache keeps its slots past it (no int64 wrap-around into range).
+    blocks = block_table.long()[seq, blocks_needed].clamp(
+        min=-1, max=torch.iinfo(torch.int64).max // block_size - 1)
+    return blocks * block_size + i % block_size
 
 
 def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
