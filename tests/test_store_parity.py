@@ -323,6 +323,27 @@ def test_an_illegal_order_is_an_error_naming_both_numbers(name, block_size, n, d
             read(shuffle=True, mxfp4_n_per_tile=n, **order)
 
 
+@pytest.mark.parametrize("change, words", [
+    (dict(mxfp4_d_per_tile=3), "mxfp4_d_per_tile: expected a divisor of 64"),
+    (dict(mxfp4_scale_lanes=3), "mxfp4_scale_lanes: expected a divisor of 4"),
+    (dict(mxfp4_n_per_tile=-2), "mxfp4_n_per_tile: expected >= 0"),
+], ids=["d3", "lanes3", "n-negative"])
+@pytest.mark.parametrize("fp4", [True, False], ids=["mxfp4", "fp8"])
+def test_values_of_no_order_are_errors_in_every_layout(fp4, change, words):
+    """A value no aiter order has (a chunk not dividing 64, lanes not dividing 4, a negative
+    run) is a ValueError in the row-major layout too, before any byte changes."""
+    case = make_case(8, use_fp4_cache=fp4, block_size=16, num_blocks=2)
+    cache = case.new_cache()
+    before = pages(cache).clone()
+    options = dict(mxfp4_n_per_tile=0, shuffle=False) | change
+    n = options.pop("mxfp4_n_per_tile")
+    with pytest.raises(ValueError, match=re.escape(words)):
+        ik.indexer_k_norm_rope_store(*case.args(cache), n, **options)
+    assert torch.equal(pages(cache), before)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        ik.gather_indexer_k(cache, case.slots.clamp_min(0), fp4, mxfp4_n_per_tile=n, **options)
+
+
 def test_the_order_options_are_ignored_by_the_other_layouts():
     case = make_case(8, use_fp4_cache=True, block_size=16, num_blocks=2)
     want = run_store(case, "reference")

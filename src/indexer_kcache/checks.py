@@ -109,11 +109,20 @@ def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
                    mxfp4_scale_lanes: int | None = None) -> tuple[int, int, int, int]:
     """(layout code, n_per_tile, d_per_tile, scale_lanes) for the arguments, after checking
     they define a layout. The three MXFP4 preshuffle numbers are 0 for the other layouts,
-    which ignore them (their types are checked all the same)."""
-    check_int("mxfp4_n_per_tile", mxfp4_n_per_tile)
+    which ignore them (a value that is no order's, such as a chunk that does not divide
+    64, is an error all the same)."""
+    check_int("mxfp4_n_per_tile", mxfp4_n_per_tile, at_least=0)
     check_int("mxfp4_d_per_tile", mxfp4_d_per_tile)
     check_int("mxfp4_scale_lanes", mxfp4_scale_lanes, allow_none=True)
     check_flag("shuffle", shuffle, allow_none=True)
+    if mxfp4_d_per_tile < 1 or layout.MXFP4_VALUE_BYTES % mxfp4_d_per_tile:
+        fail_value("mxfp4_d_per_tile",
+                   f"a divisor of {layout.MXFP4_VALUE_BYTES} (the value bytes of an MXFP4 key)",
+                   mxfp4_d_per_tile)
+    if mxfp4_scale_lanes is not None and (mxfp4_scale_lanes < 1
+                                          or layout.SCALE_BYTES % mxfp4_scale_lanes):
+        fail_value("mxfp4_scale_lanes", f"a divisor of {layout.SCALE_BYTES} (with "
+                   f"mxfp4_n_per_tile = {mxfp4_n_per_tile})", mxfp4_scale_lanes)
     if shuffle is None:
         shuffle = default_shuffle(device, block_size)
     code = layout.choose_layout(use_fp4_cache, shuffle, block_size)
@@ -130,12 +139,8 @@ def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
             f"tile N, a divisor of block_size = {block_size} (one of {layout.MXFP4_TILE_CHOICES} "
             "for the default mxfp4_scale_lanes); got 0"
         )
-    if n < 0 or block_size % n:
+    if block_size % n:
         fail_value("mxfp4_n_per_tile", f"a positive divisor of block_size = {block_size}", n)
-    if mxfp4_d_per_tile < 1 or layout.MXFP4_VALUE_BYTES % mxfp4_d_per_tile:
-        fail_value("mxfp4_d_per_tile",
-                   f"a divisor of {layout.MXFP4_VALUE_BYTES} (the value bytes of an MXFP4 key)",
-                   mxfp4_d_per_tile)
     lanes = mxfp4_scale_lanes
     if lanes is None:
         lanes = layout.default_scale_lanes(n)

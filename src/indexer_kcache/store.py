@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -111,6 +112,8 @@ def check_store(call) -> StorePlan:
         fail_value("rms_norm_weight.stride(0)", "1", weight.stride(0))
     if not isinstance(call.rms_norm_eps, numbers.Real) or isinstance(call.rms_norm_eps, bool):
         fail_type("rms_norm_eps", "a float", type(call.rms_norm_eps).__name__)
+    if not 0 <= call.rms_norm_eps < math.inf:  # NaN fails too: it would poison every key
+        fail_value("rms_norm_eps", "a finite float >= 0", call.rms_norm_eps)
     k_cache = call.k_cache
     checks.check_k_cache(k_cache, call.use_fp4_cache)
     checks.check_index_vector("kv_slot_mapping", call.kv_slot_mapping)
