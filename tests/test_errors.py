@@ -3,6 +3,7 @@ before any byte of the cache changes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +84,10 @@ def bad_calls():
          lambda c, k: dict(compress_ratio=1.0)),
         ("fp4-type", TypeError, "use_fp4_cache",
          lambda c, k: dict(use_fp4_cache="yes")),
+        ("fp4-numpy-bool", TypeError, "use_fp4_cache: expected a bool, got numpy.",
+         lambda c, k: dict(use_fp4_cache=np.bool_(False))),
+        ("ratio-numpy-int", TypeError, "compress_ratio: expected an int, got numpy.",
+         lambda c, k: dict(compress_ratio=np.int64(1))),
         ("device-mismatch", ValueError, "device",
          lambda c, k: dict(kv_slot_mapping=t([0, 1], device="meta"))),
     ]

@@ -21,6 +21,13 @@ def fail_type(name: str, expected: str, got: object) -> None:
     raise TypeError(f"{name}: expected {expected}, got {got}")
 
 
+def type_name(value: object) -> str:
+    """The name of ``value``'s type for an error: qualified by its module unless builtin
+    (``numpy.bool``, not ``bool``)."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def fail_value(name: str, expected: str, got: object) -> None:
     raise ValueError(f"{name}: expected {expected}, got {got}")
 
@@ -31,7 +38,7 @@ def fail_unsupported(name: str, expected: str, got: object) -> None:
 
 def check_dtype(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> None:
     if not isinstance(t, torch.Tensor):
-        fail_type(name, "a torch.Tensor", type(t).__name__)
+        fail_type(name, "a torch.Tensor", type_name(t))
     if t.dtype not in dtypes:
         fail_type(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
 
@@ -67,7 +74,7 @@ def check_flag(name: str, value: object, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if not isinstance(value, bool):
-        fail_type(name, "a bool" + (" or None" if allow_none else ""), type(value).__name__)
+        fail_type(name, "a bool" + (" or None" if allow_none else ""), type_name(value))
 
 
 def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
@@ -98,7 +105,7 @@ def check_int(name: str, value: object, allow_none: bool = False,
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool):
-        fail_type(name, "an int" + (" or None" if allow_none else ""), type(value).__name__)
+        fail_type(name, "an int" + (" or None" if allow_none else ""), type_name(value))
     if at_least is not None and value < at_least:
         fail_value(name, f">= {at_least}", value)
 

@@ -72,9 +72,9 @@ def fp8_fp4_paged_mqa_logits(
         row's context are not written (``clean_logits=False``).
     """
     if indices is not None:
-        checks.fail_unsupported("indices", "None", type(indices).__name__)
+        checks.fail_unsupported("indices", "None", checks.type_name(indices))
     if schedule_metadata is not None and not isinstance(schedule_metadata, torch.Tensor):
         checks.fail_type("schedule_metadata", "a torch.Tensor or None",
-                         type(schedule_metadata).__name__)
+                         checks.type_name(schedule_metadata))
     return paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len,
                             clean_logits=False)

@@ -129,7 +129,7 @@ def split_query(q: object) -> tuple[torch.Tensor, torch.Tensor | None]:
         checks.check_dtype("q", q, (torch.bfloat16,))
         return q, None
     if not isinstance(q, (tuple, list)) or len(q) != 2:
-        fail_type("q", "a bf16 tensor or a pair (values, scales or None)", type(q).__name__)
+        fail_type("q", "a bf16 tensor or a pair (values, scales or None)", checks.type_name(q))
     values, scales = q
     checks.check_dtype("q[0]", values, (torch.float8_e4m3fn, torch.uint8))
     if scales is not None:

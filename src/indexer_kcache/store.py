@@ -111,7 +111,7 @@ def check_store(call) -> StorePlan:
     if weight.stride(0) != 1:
         fail_value("rms_norm_weight.stride(0)", "1", weight.stride(0))
     if not isinstance(call.rms_norm_eps, numbers.Real) or isinstance(call.rms_norm_eps, bool):
-        fail_type("rms_norm_eps", "a float", type(call.rms_norm_eps).__name__)
+        fail_type("rms_norm_eps", "a float", checks.type_name(call.rms_norm_eps))
     if not 0 <= call.rms_norm_eps < math.inf:  # NaN fails too: it would poison every key
         fail_value("rms_norm_eps", "a finite float >= 0", call.rms_norm_eps)
     k_cache = call.k_cache
