@@ -77,6 +77,19 @@ def check_flag(name: str, value: object, allow_none: bool = False) -> None:
         fail_type(name, "a bool" + (" or None" if allow_none else ""), type_name(value))
 
 
+def check_rows_apart(name: str, t: torch.Tensor, width_name: str) -> None:
+    """The rows of the 2-d output ``t`` (``width_name`` = its width) do not overlap."""
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        fail_value(f"{name}.stride(0)", f">= {width_name} = {t.shape[1]} (rows must not overlap)",
+                   t.stride(0))
+
+
+def _check_scale_lanes(lanes: int, n: int, got: object) -> None:
+    if lanes < 1 or layout.SCALE_BYTES % lanes:
+        fail_value("mxfp4_scale_lanes",
+                   f"a divisor of {layout.SCALE_BYTES} (with mxfp4_n_per_tile = {n})", got)
+
+
 def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
     """uint8 [num_blocks, block_size, row_bytes] with rows packed and pages >= the payload."""
     check_dtype("k_cache", k_cache, (torch.uint8,))
@@ -126,10 +139,8 @@ def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
         fail_value("mxfp4_d_per_tile",
                    f"a divisor of {layout.MXFP4_VALUE_BYTES} (the value bytes of an MXFP4 key)",
                    mxfp4_d_per_tile)
-    if mxfp4_scale_lanes is not None and (mxfp4_scale_lanes < 1
-                                          or layout.SCALE_BYTES % mxfp4_scale_lanes):
-        fail_value("mxfp4_scale_lanes", f"a divisor of {layout.SCALE_BYTES} (with "
-                   f"mxfp4_n_per_tile = {mxfp4_n_per_tile})", mxfp4_scale_lanes)
+    if mxfp4_scale_lanes is not None:
+        _check_scale_lanes(mxfp4_scale_lanes, mxfp4_n_per_tile, mxfp4_scale_lanes)
     if shuffle is None:
         shuffle = default_shuffle(device, block_size)
     code = layout.choose_layout(use_fp4_cache, shuffle, block_size)
@@ -149,14 +160,10 @@ def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
     if block_size % n:
         fail_value("mxfp4_n_per_tile", f"a positive divisor of block_size = {block_size}", n)
     lanes = mxfp4_scale_lanes
-    if lanes is None:
+    if lanes is None:  # (a value given was checked above)
         lanes = layout.default_scale_lanes(n)
-        got = f"None, whose default {layout.ROCM_WAVEFRONT} // mxfp4_n_per_tile = {lanes} is not one"
-    else:
-        got = lanes
-    if lanes < 1 or layout.SCALE_BYTES % lanes:
-        fail_value("mxfp4_scale_lanes",
-                   f"a divisor of {layout.SCALE_BYTES} (with mxfp4_n_per_tile = {n})", got)
+        _check_scale_lanes(lanes, n, f"None, whose default {layout.ROCM_WAVEFRONT} // "
+                           f"mxfp4_n_per_tile = {lanes} is not one")
     return code, n, mxfp4_d_per_tile, lanes
 
 

@@ -238,9 +238,7 @@ def check_logits(call) -> LogitsPlan:
         fail_value("out", f"shape [B * next_n, max_model_len] with B * next_n = {batch * next_n}",
                    f"shape {tuple(out.shape)}")
     _check_last_dim_unit_stride("out", out)
-    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
-        fail_value("out.stride(0)", f">= max_model_len = {out.shape[1]} (rows must not overlap)",
-                   out.stride(0))
+    checks.check_rows_apart("out", out, "max_model_len")
     max_model_len = out.shape[1]
     tensors = dict(q=values, weights=weights, context_lens=context_lens, block_table=block_table,
                    out=out)

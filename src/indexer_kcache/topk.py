@@ -214,8 +214,7 @@ def check_topk(call) -> TopKPlan:
     k = out.shape[1]
     if k > 1 and out.stride(1) != 1:
         fail_value("out.stride(1)", "1", out.stride(1))
-    if rows > 1 and out.stride(0) < k:
-        fail_value("out.stride(0)", f">= k = {k} (rows must not overlap)", out.stride(0))
+    checks.check_rows_apart("out", out, "k")
     checks.check_same_device("logits", logits, out=out)
     backend = checks.resolve_backend(call.backend, logits.device)
     if backend == "triton" and min(k, cols) > MAX_SORTED:
