@@ -7,6 +7,9 @@ dependent reads; with it, on two. Variants timed in alternation, ``--rounds`` ti
 each one's logits are checked bit for bit against the first variant's.
 
     python benchmarks/exp_scorer_prefetch.py [--rounds 3]
+
+It runs at 07ed6a6, which added the setting; the setting was removed after it measured no
+gain (BENCHMARKS.md, "The scorer").
 """
 
 from __future__ import annotations

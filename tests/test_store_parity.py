@@ -602,7 +602,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                       MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
                       BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
                       SCALE_WORDS=True, VARIANT=1, WARPS=4, HAS_BLOCKS=True, USE_PDL=2,
-                      RELU_BY_ABS=True, HINT_TILES=4, PREFETCH_TABLE=1)
+                      RELU_BY_ABS=True, HINT_TILES=4)
     scalars = {name: "i32" for name in paged_mqa_logits_kernel.arg_names
                if name not in pointers and name not in constexprs}
     compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,

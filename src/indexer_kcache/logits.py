@@ -82,7 +82,6 @@ class LogitsSettings(NamedTuple):
     # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
     # before the wait for the previous kernel; 0: none.
     hint_tiles: int = 0
-    prefetch_table: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -429,8 +428,7 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
-        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0,
-        PREFETCH_TABLE=settings.prefetch_table if nvidia else 0)
+        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0)
     return launch, (plan.batch * row_groups, splits, 1)
 
 

@@ -44,25 +44,6 @@ def hint_l2(pointers, wanted):
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
-# The same for L1 (the line is then on the SM for the program's own reads).
-_PREFETCH_L1_PTX: tl.constexpr = tl.constexpr("""
-{
-.reg .pred p;
-setp.ne.s32 p, $2, 0;
-@p prefetch.global.L1 [$1];
-mov.u32 $0, 0;
-}
-""")
-
-
-@triton.jit
-def prefetch_l1(pointers, wanted):
-    """Prefetch into the SM's L1 the lines of ``pointers`` where ``wanted``. NVIDIA only."""
-    tl.inline_asm_elementwise(_PREFETCH_L1_PTX, "=r,l,r",
-                              [pointers.to(tl.int64, bitcast=True), wanted.to(tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def wait_for_previous_kernel(USE_PDL: tl.constexpr):
     """The first statement of a kernel that may be launched dependently (``USE_PDL``: a

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from ..layout import cache_row_bytes, scale_offset_tl, value_offset_tl
-from .dependent_launch import hint_l2, prefetch_l1, wait_for_previous_kernel
+from .dependent_launch import hint_l2, wait_for_previous_kernel
 from .numerics import e2m1_to_float, e4m3_to_float, pow2, ue8m0_to_float
 
 # Bytes of a cached key (values and scale), FP8 and MXFP4.
@@ -1382,7 +1382,6 @@ def paged_mqa_logits_kernel(
     USE_PDL: tl.constexpr,
     RELU_BY_ABS: tl.constexpr,
     HINT_TILES: tl.constexpr,
-    PREFETCH_TABLE: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1412,12 +1411,6 @@ def paged_mqa_logits_kernel(
                           BLOCK_SIZE, BLOCK_SIZE * (ROW_BYTES_FP4 if USE_FP4 else ROW_BYTES_FP8),
                           HINT_TILES)
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
-    if PREFETCH_TABLE == 1:
-        first = table_row + col_lo // BLOCK_SIZE + tl.arange(0, 1)
-        prefetch_l1(first, (col_lo < col_hi) + tl.zeros([1], tl.int32))
-    elif PREFETCH_TABLE == 2:
-        first = table_row + col_lo // BLOCK_SIZE + tl.arange(0, 1)
-        hint_l2(first, (col_lo < col_hi) + tl.zeros([1], tl.int32))
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
     tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
     tl.static_assert(HP >= 16 and BLOCK_N >= 16)
