@@ -622,10 +622,10 @@ def test_settings_pipeline_and_size_programs():
     # 64 x 32768: 8 programs a row of 64 tiles; many short rows keep short programs.
     assert logits_settings(64, 1, 64, 32768, False, 1, sms, interpreted=False).splits == 8
     assert logits_settings(4096, 1, 64, 2048, False, 1, sms, interpreted=False).splits == 2
-    # MXFP4: deep only with many programs and e4m3 queries; the interpreter: one stage.
-    assert logits_settings(8, 1, 64, 32768, True, 1, sms, interpreted=False).num_stages == 3
-    assert logits_settings(64, 1, 64, 32768, True, 1, sms, interpreted=False).num_stages == 6
-    assert logits_settings(64, 1, 64, 32768, True, 3, sms, interpreted=False).num_stages == 3
+    # MXFP4 keys: deep too, every query form and shape; without native dots: two stages.
+    for batch, q_form in [(8, 1), (64, 1), (64, 3), (64, 0), (1, 3)]:
+        assert logits_settings(batch, 1, 64, 32768, True, q_form, sms,
+                               interpreted=False).num_stages == logits_module.DEEP_STAGES
     assert logits_settings(64, 1, 64, 32768, False, 1, sms, native=False,
                            interpreted=False).num_stages == 2
 

@@ -308,7 +308,7 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     several rows, whose queries cost more to load), or, for FP8 keys and one row a
     program, up to ``MAX_TILES_ONE_WAVE`` tiles when that keeps the programs within
     ``PROGRAMS_PER_SM`` per SM.
-    Memory-bound loops pipeline ``DEEP_STAGES`` tiles. Without native dots (float32 tiles
+    Native tile loops pipeline ``DEEP_STAGES`` tiles. Without native dots (float32 tiles
     in registers) a program takes one row and smaller tiles. The measurements behind the
     numbers: BENCHMARKS.md, "The scorer".
     """
@@ -332,9 +332,8 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     least = MIN_TILES if rows == 1 else MIN_TILES_ROWS
     per_program = min(max(-(-tiles * row_groups // wanted), least), MAX_TILES)
     many = tiles * row_groups >= 16 * wanted
-    if native and (not use_fp4_cache or (many and q_form == Q_E4M3)):
-        # Memory-bound tile loops keep more tiles in flight (MXFP4 ones with e4m3 queries
-        # only when there are many programs: a short launch of them gains nothing).
+    if native:
+        # Native tile loops keep more tiles in flight, every key format and query form.
         num_stages = DEEP_STAGES
     if native and not use_fp4_cache and rows == 1 and row_groups <= wanted:
         # Fewer, longer FP8 programs (at most ``wanted`` in all) beat several rounds of
@@ -367,7 +366,7 @@ MIN_TILES = 1
 MIN_TILES_ROWS = 4
 MAX_TILES = 16
 MAX_TILES_ONE_WAVE = 64  # FP8, one row a program: longer ones if then PROGRAMS_PER_SM an SM
-DEEP_STAGES = 6  # the tile loop's pipelining depth where memory is the limit
+DEEP_STAGES = 6  # the native tile loop's pipelining depth
 MAX_DOT_COLUMNS = 256  # the N of one Hopper tensor-core instruction
 FALLBACK_REGISTERS = 128  # the tile loop of one row fits (no spills) with e4m3 queries
 FALLBACK_REGISTERS_BF16 = 168  # and with bf16 queries (their keys decoded to bf16)
