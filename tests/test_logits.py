@@ -551,8 +551,6 @@ def test_four_dim_cache_view_and_deepgemm_entry_point():
     cache4 = call["k_cache"].unsqueeze(2)
     got = paged_mqa_logits(**dict(call, k_cache=cache4), **options)
     assert torch.equal(got, want)
-    if torch.device(DEVICE).type == "cuda" and torch.cuda.get_device_capability()[0] == 10:
-        return  # the platform default there is MX scales, not this cache's format
     schedule = compat.get_paged_mqa_logits_metadata(call["context_lens"], 16, 132)
     assert schedule.shape == (133, 2) and schedule.dtype == torch.int32
     out = compat.fp8_fp4_paged_mqa_logits(call["q"], cache4, call["weights"], call["context_lens"],
@@ -560,6 +558,43 @@ def test_four_dim_cache_view_and_deepgemm_entry_point():
     # Unclean, as DeepGEMM's: columns past a row's limit are not written; the rest agrees.
     written = ~torch.isneginf(want)
     assert written.any() and torch.equal(out[written], want[written])
+
+
+def _deepgemm_args(call):
+    """The call's tensors in DeepGEMM's order (up to the schedule)."""
+    schedule = compat.get_paged_mqa_logits_metadata(call["context_lens"], 16, 132, indices=None)
+    return (call["k_cache"].unsqueeze(2), call["weights"], call["context_lens"],
+            call["block_table"], schedule)
+
+
+@pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("fp8-mx", "e4m3-mx"),
+                                         ("mxfp4", "mxfp4"), ("mxfp4", "e4m3")])
+def test_deepgemm_entry_point_as_engines_call_it(fmt, q_form):
+    """vLLM's call (six positional arguments, then ``max_model_len=`` and ``clean_logits=``)
+    and DeepGEMM's conventions: an FP8 cache's scales are MX exactly when the queries have
+    scales, packed MXFP4 queries may be int8, a bare e4m3 ``q`` is ``(q, None)``; rows
+    padded to ``ROW_ALIGN`` columns; bf16 logits are the float32 ones rounded."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=2, ctx_2d=True, seed=12)
+    want = paged_mqa_logits(**call, **options)
+    kv_cache, weights, lens, table, schedule = _deepgemm_args(call)
+    q = call["q"]
+    if q_form == "mxfp4":
+        q = (q[0].view(torch.int8), q[1])
+    got = compat.fp8_fp4_paged_mqa_logits(q, kv_cache, weights, lens, table, schedule,
+                                          max_model_len=call["max_model_len"], clean_logits=True)
+    assert torch.equal(got, want)
+    assert got.shape == want.shape and got.stride(0) % compat.ROW_ALIGN == 0
+    written = ~torch.isneginf(want)
+    unclean = compat.fp8_fp4_paged_mqa_logits(q, kv_cache, weights, lens, table, schedule,
+                                              call["max_model_len"], False)
+    assert torch.equal(unclean[written], want[written])
+    rounded = compat.fp8_fp4_paged_mqa_logits(q, kv_cache, weights, lens, table, schedule,
+                                              call["max_model_len"], True, torch.bfloat16)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, want.to(torch.bfloat16))
+    if q_form == "e4m3":
+        bare = compat.fp8_paged_mqa_logits(q[0], kv_cache, weights, lens, table, schedule,
+                                           call["max_model_len"], clean_logits=True)
+        assert torch.equal(bare, want)
 
 
 def test_poisoned_keys_score_nan():
@@ -753,6 +788,17 @@ def test_deepgemm_entry_point_rejects_indices():
                                         call["max_model_len"], indices=call["context_lens"])
     with pytest.raises(ValueError, match="num_sms"):
         compat.get_paged_mqa_logits_metadata(call["context_lens"], 16, 0)
+    with pytest.raises(NotImplementedError, match="indices"):
+        compat.get_paged_mqa_logits_metadata(call["context_lens"], 16, 132,
+                                             indices=call["context_lens"])
+    with pytest.raises(ValueError, match="logits_dtype"):
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
+                                        call["context_lens"], call["block_table"], None,
+                                        call["max_model_len"], logits_dtype=torch.float16)
+    with pytest.raises(TypeError, match="clean_logits"):
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
+                                        call["context_lens"], call["block_table"], None,
+                                        call["max_model_len"], "no")
 
 
 # --------------------------------------------------------------------------------- GPU

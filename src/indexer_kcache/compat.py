@@ -6,11 +6,25 @@
 
     schedule = get_paged_mqa_logits_metadata(context_lens, block_size, num_sms)
     logits = fp8_fp4_paged_mqa_logits((q_values, q_scales), kv_cache, weights, context_lens,
-                                      block_tables, schedule, max_model_len)
+                                      block_tables, schedule, max_model_len, clean_logits=False)
 
-The arguments and the result are those of DeepGEMM's functions as vLLM calls them; the
-work is done by ``indexer_kcache.logits.paged_mqa_logits`` on the cache's bytes as our
-store writes them (row-major layout, FP8 scales as the platform default).
+The arguments are DeepGEMM's, in its order (``q, kv_cache, weights, context_lens,
+block_table, schedule_meta, max_context_len, clean_logits, logits_dtype``) under the names
+vLLM's wrapper gives them, so that both vLLM's call sites and calls written against DeepGEMM
+itself (positional, or keywords from ``clean_logits`` on) run unchanged. DeepGEMM's
+conventions are kept where they differ from ``paged_mqa_logits``:
+
+* an FP8 cache holds MX scales (four UE8M0 bytes a key) when the queries come with scales,
+  fp32 scales when they do not (DeepGEMM decides it so), whatever the platform default;
+* a bare e4m3 ``q`` means unscaled queries, and packed MXFP4 queries may be int8 (DeepGEMM's
+  dtype for them) as well as uint8;
+* ``clean_logits`` defaults to False: the columns past a row's limit are not written;
+* the result's rows are padded to a multiple of ``ROW_ALIGN`` columns (a view of the first
+  ``max_model_len``), so that row starts stay 16-byte aligned whatever the width, as top-k
+  kernels that read DeepGEMM's logits expect.
+
+The work is done by ``indexer_kcache.logits.paged_mqa_logits`` on the cache's bytes as our
+store writes them (row-major layout).
 """
 
 from __future__ import annotations
@@ -20,14 +34,17 @@ import torch
 from . import checks
 from .logits import paged_mqa_logits
 
-__all__ = ["fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata"]
+__all__ = ["fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata"]
 
 # DeepGEMM's schedule: one (sequence, block) pair per SM boundary, plus the end.
 _METADATA_COLUMNS = 2
+ROW_ALIGN = 256  # columns: the result's row stride is a multiple of this
+LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int,
-                                  num_sms: int) -> torch.Tensor:
+                                  num_sms: int, indices: torch.Tensor | None = None
+                                  ) -> torch.Tensor:
     """A placeholder for DeepGEMM's work split: int32 zeros ``[num_sms + 1, 2]`` on the
     device of ``context_lens``.
 
@@ -35,7 +52,10 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int,
     not need one: it splits each sequence's positions over programs by shape alone (see
     ``logits.logits_settings``), so nothing is computed here and the host never waits.
     The tensor only keeps call sites that build and pass it working unchanged.
+    ``indices`` (DeepGEMM's variable-length decode) is not supported: it must be None.
     """
+    if indices is not None:
+        checks.fail_unsupported("indices", "None", checks.type_name(indices))
     checks.check_dtype("context_lens", context_lens, checks.INDEX_DTYPES)
     checks.check_int("block_size", block_size, at_least=1)
     checks.check_int("num_sms", num_sms, at_least=1)
@@ -43,38 +63,87 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int,
                        device=context_lens.device)
 
 
+def _deepgemm_query(q: object) -> tuple[object, bool]:
+    """(``q`` as ``paged_mqa_logits`` takes it, whether an FP8 cache has MX scales)."""
+    if isinstance(q, torch.Tensor):
+        # DeepGEMM reads a bare tensor as (q, None); a bf16 one is ours to score as is.
+        return (q if q.dtype == torch.bfloat16 else (q, None)), False
+    if isinstance(q, (tuple, list)) and len(q) == 2:
+        values, scales = q
+        if isinstance(values, torch.Tensor) and values.dtype == torch.int8:
+            values = values.view(torch.uint8)  # DeepGEMM's packed-FP4 dtype, the same bytes
+        return (values, scales), scales is not None
+    return q, False  # paged_mqa_logits names what is wrong with it
+
+
 def fp8_fp4_paged_mqa_logits(
-    q: tuple[torch.Tensor, torch.Tensor | None],
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
     kv_cache: torch.Tensor,
     weights: torch.Tensor,
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
     schedule_metadata: torch.Tensor | None,
     max_model_len: int,
+    clean_logits: bool = False,
+    logits_dtype: torch.dtype = torch.float32,
     indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DeepGEMM's paged MQA logits, with its arguments.
 
     Args:
         q: ``(values, scales or None)``: e4m3 ``[B, next_n, H, 128]``, or packed MXFP4
-            uint8 ``[B, next_n, H, 64]`` with int32 scales ``[B, next_n, H]`` (four UE8M0
-            bytes). A bf16 tensor is accepted too.
-        kv_cache: uint8 ``[num_blocks, block_size, 1, 132 | 68]`` (or without the unit axis).
+            uint8 or int8 ``[B, next_n, H, 64]`` with int32 scales ``[B, next_n, H]``
+            (four UE8M0 bytes); a bare e4m3 tensor is ``(q, None)``. A bf16 tensor is
+            accepted too.
+        kv_cache: uint8 ``[num_blocks, block_size, 1, 132 | 68]`` (or without the unit
+            axis). An FP8 cache's scales are MX (UE8M0) when ``q`` has scales, fp32 when
+            it has none.
         weights: ``[B * next_n, H]``, fp32 or bf16.
         context_lens: int32 ``[B]`` or ``[B, next_n]``.
         block_tables: int32 ``[B, max_blocks]``.
         schedule_metadata: ignored (see ``get_paged_mqa_logits_metadata``).
         max_model_len: the width of the result.
-        indices: not supported (must be None).
+        clean_logits: write ``-inf`` past each row's limit (default: leave those columns
+            unwritten, as DeepGEMM does).
+        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (scored in float32, then
+            rounded: one more pass over the logits).
+        indices: DeepGEMM's variable-length decode; not supported (must be None).
 
     Returns:
-        float32 ``[B * next_n, max_model_len]``. As with DeepGEMM, the columns past a
-        row's context are not written (``clean_logits=False``).
+        ``logits_dtype`` ``[B * next_n, max_model_len]``; float32 rows padded to a multiple
+        of ``ROW_ALIGN`` columns.
     """
     if indices is not None:
         checks.fail_unsupported("indices", "None", checks.type_name(indices))
     if schedule_metadata is not None and not isinstance(schedule_metadata, torch.Tensor):
         checks.fail_type("schedule_metadata", "a torch.Tensor or None",
                          checks.type_name(schedule_metadata))
-    return paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len,
-                            clean_logits=False)
+    checks.check_flag("clean_logits", clean_logits)
+    if logits_dtype not in LOGITS_DTYPES:
+        checks.fail_value("logits_dtype", "torch.float32 or torch.bfloat16", logits_dtype)
+    q, mx_scales = _deepgemm_query(q)
+    out = None
+    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
+        checks.check_int("max_model_len", max_model_len, at_least=0)
+        width = -(-max_model_len // ROW_ALIGN) * ROW_ALIGN
+        out = torch.empty(weights.shape[0], width, dtype=torch.float32,
+                          device=weights.device)[:, :max_model_len]
+    logits = paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len,
+                              mx_scales=mx_scales, clean_logits=clean_logits, out=out)
+    return logits if logits_dtype == torch.float32 else logits.to(logits_dtype)
+
+
+def fp8_paged_mqa_logits(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    schedule_metadata: torch.Tensor | None,
+    max_model_len: int,
+    clean_logits: bool = False,
+) -> torch.Tensor:
+    """DeepGEMM's earlier name and signature for FP8 caches (e4m3 ``q``, float32 logits):
+    ``fp8_fp4_paged_mqa_logits`` without ``logits_dtype`` and ``indices``."""
+    return fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
+                                    schedule_metadata, max_model_len, clean_logits)
