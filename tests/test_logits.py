@@ -545,6 +545,25 @@ def test_out_is_written_in_place():
     assert torch.equal(out, fresh)
 
 
+def test_out_sharing_memory_with_an_input_is_rejected():
+    """``out`` over ``weights`` (or any input) is an error before anything is written; the
+    two side by side in one buffer are fine."""
+    call, options = make_call("fp8", "row-major", "e4m3", next_n=1, seed=3)
+    want = paged_mqa_logits(**call, **options)
+    rows, heads = call["weights"].shape
+    width = call["max_model_len"]
+    buf = torch.full((rows * heads + rows * width,), 7.0, device=DEVICE)
+    weights = buf[:rows * heads].view(rows, heads)
+    weights.copy_(call["weights"])
+    over = buf[rows * heads - 1:rows * heads - 1 + rows * width].view(rows, width)
+    with pytest.raises(ValueError, match="out: expected memory apart from weights"):
+        paged_mqa_logits(**(call | options | dict(weights=weights, out=over)))
+    assert torch.equal(weights, call["weights"]) and buf[rows * heads:].eq(7.0).all()
+    apart = buf[rows * heads:].view(rows, width)
+    paged_mqa_logits(**(call | options | dict(weights=weights, out=apart)))
+    assert torch.equal(apart, want)
+
+
 def test_four_dim_cache_view_and_deepgemm_entry_point():
     call, options = make_call("fp8", "row-major", "e4m3", next_n=2, seed=6)
     want = paged_mqa_logits(**call, **options)

@@ -121,20 +121,35 @@ def test_huge_block_ids_are_out_of_range(backend):
     cu = torch.tensor([0, 3], device=DEVICE)
     with pytest.raises(IndexError):
         ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend)
-    if backend == "triton":
-        got, scales = ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend,
-                                                    check_bounds=False)
-        assert (got == 0).all() and (scales == 0).all()
+    got, scales = ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend,
+                                                check_bounds=False)
+    assert (got == 0).all() and (scales == 0).all()
 
 
-def test_unchecked_out_of_range_rows_are_zero():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_out_of_range_rows_are_zero(backend):
+    """Unchecked, a slot outside the cache reads as a row of zeros on both backends (and
+    dequantizes to zeros); so do a sequence's tokens past its block table's columns."""
     case, cache, values, scales, _ = written_case("fp8", "row-major", num_tokens=8, block_size=16,
                                                   num_blocks=1)
     slots = torch.tensor([case.slots[0].item(), 16, -5, 10**9], device=DEVICE)
-    got_values, got_scales = ik.gather_indexer_k(cache, slots, False, backend="triton",
+    got_values, got_scales = ik.gather_indexer_k(cache, slots, False, backend=backend,
                                                  check_bounds=False)
     assert torch.equal(got_values[0], values[0]) and (got_values[1:] == 0).all()
     assert (got_scales[1:] == 0).all()
+    keys = ik.dequantize_indexer_k(cache, slots, False, backend=backend, check_bounds=False)
+    assert (keys[1:] == 0).all() and torch.equal(
+        keys[:1], ik.dequantize_indexer_k(cache, slots[:1], False, backend=backend))
+    table = torch.tensor([[0]], device=DEVICE)  # one column: tokens 16 .. 19 are past it
+    cu = torch.tensor([0, 20], device=DEVICE)
+    rows, row_scales = ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend,
+                                                     check_bounds=False)
+    want_rows, _ = ik.gather_indexer_k(cache, torch.arange(16, device=DEVICE), False,
+                                       backend=backend)
+    assert torch.equal(rows[:16], want_rows) and (rows[16:] == 0).all()
+    assert (row_scales[16:] == 0).all()
+    with pytest.raises(IndexError, match="block_table"):
+        ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend)
 
 
 def test_reader_argument_errors():

@@ -631,6 +631,27 @@ def test_bad_out_is_not_written():
     assert out.eq(SENTINEL).all()
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_out_sharing_memory_with_an_input_is_rejected(backend):
+    """``out`` over ``lengths`` (or the logits' bytes) is an error before anything is
+    written; side by side in one buffer, apart, is fine."""
+    rows, k = 3, 8
+    x = make_logits("normal", rows, 64, torch.float32, seed=2)
+    buf = torch.full((rows + rows * k + 1,), SENTINEL, dtype=torch.int32, device=DEVICE)
+    lengths = buf[:rows]
+    lengths.copy_(torch.tensor([64, 5, 0], dtype=torch.int32))
+    over = buf[rows - 1:rows - 1 + rows * k].view(rows, k)
+    with pytest.raises(ValueError, match="out: expected memory apart from lengths"):
+        topk.top_k_indices(x, k, lengths, out=over, backend=backend)
+    assert buf[rows:].eq(SENTINEL).all() and lengths.tolist() == [64, 5, 0]
+    logits_bytes = x.view(torch.int32)[:, :k]
+    with pytest.raises(ValueError, match="out: expected memory apart from logits"):
+        topk.top_k_indices(x, k, out=logits_bytes, backend=backend)
+    apart = buf[rows:rows + rows * k].view(rows, k)
+    topk.top_k_indices(x, k, lengths, out=apart, backend=backend)
+    assert torch.equal(apart.cpu(), oracle(x, k, lengths))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_other_device_is_rejected():
     x = make_logits("normal", 2, 64, torch.float32)

@@ -84,6 +84,36 @@ def check_rows_apart(name: str, t: torch.Tensor, width_name: str) -> None:
                    t.stride(0))
 
 
+def extent_bytes(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to just past its last element (0 when empty)."""
+    if t.numel() == 0:
+        return 0
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
+def output_extents(call, output: str, inputs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """``(name, extent_bytes)`` of the output ``call.<output>``, then of each input tensor
+    of ``call`` named in ``inputs`` (``None`` ones left out): what ``check_apart`` compares.
+    A plan keeps them: they are fixed by the tensors' shapes and strides."""
+    named = ((name, getattr(call, name)) for name in (output, *inputs))
+    return tuple((name, extent_bytes(t)) for name, t in named if t is not None)
+
+
+def check_apart(extents: tuple[tuple[str, int], ...], call) -> None:
+    """The output of ``extents`` (``output_extents``) shares no byte with the inputs: a
+    kernel that reads an input while writing over it would read its own results. Compared
+    by address ranges, which are exact for dense tensors and err on the side of an error
+    for interleaved views of one buffer."""
+    (out_name, out_extent), *inputs = extents
+    start = getattr(call, out_name).data_ptr()
+    end = start + out_extent
+    for name, extent in inputs:
+        first = getattr(call, name).data_ptr()
+        if first < end and start < first + extent and out_extent and extent:
+            fail_value(out_name, f"memory apart from {name}'s", "tensors that overlap")
+
+
 def _check_scale_lanes(lanes: int, n: int, got: object) -> None:
     if lanes < 1 or layout.SCALE_BYTES % lanes:
         fail_value("mxfp4_scale_lanes",

@@ -113,6 +113,7 @@ class LogitsPlan:
     sm_count: int
     # Strides the kernel takes (fixed by the tensors' metadata).
     strides: dict
+    apart: tuple  # checks.output_extents: out and the inputs it must not overlap
     launches: dict = field(default_factory=dict)  # (settings, scale words) -> Launch
 
 
@@ -271,6 +272,8 @@ def check_logits(call) -> LogitsPlan:
             w_sr=weights.stride(0), w_sh=weights.stride(1), page_stride=cache.stride(0),
             ctx_sb=context_lens.stride(0), ctx_si=context_lens.stride(1) if ctx_2d else 0,
             table_sb=block_table.stride(0), out_sr=out.stride(0)),
+        apart=checks.output_extents(call, "out", ("q_values", "q_scales", "k_cache", "weights",
+                                                  "context_lens", "block_table")),
     )
 
 
@@ -433,6 +436,7 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
 
 def run_logits(plan: LogitsPlan, call) -> None:
     """Run a checked call: write the logits into ``call.out``."""
+    checks.check_apart(plan.apart, call)
     cache = cache_3d(call.k_cache)
     if plan.batch * plan.next_n == 0 or plan.max_model_len == 0:
         return

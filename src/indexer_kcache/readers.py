@@ -144,7 +144,8 @@ def _new_rows(device: torch.device, num_rows: int, value_bytes: int
 def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
-        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile)
+        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile,
+                                check_bounds=plan.check_bounds)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
     num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python, 4x the host time
@@ -159,7 +160,7 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
         values, scales = reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout,
-                                          *plan.tile)
+                                          *plan.tile, check_bounds=plan.check_bounds)
         return reference.dequantize(values, scales, plan.use_fp4_cache, plan.mx_scales)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
@@ -189,8 +190,10 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
     k_cache, block_table, cu_seq_lens = call.k_cache, call.block_table, call.cu_seq_lens
     num_rows, max_len = sequence_rows(cu_seq_lens)
     if plan.backend == "reference":
-        slots = reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size)
-        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile)
+        slots = reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size,
+                                             check_bounds=plan.check_bounds)
+        return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile,
+                                check_bounds=plan.check_bounds)
     if plan.check_bounds and num_rows:
         checks.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -18,6 +17,7 @@ from .launcher import Kernel, Launch, declare_op, tunable
 K_PRE_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 COS_SIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
+FLOAT32_MAX = torch.finfo(torch.float32).max  # the largest rms_norm_eps the kernels can add
 
 STORE_KERNEL = Kernel(indexer_k_store_kernel)
 MAX_SIZES_KEPT = 1024  # token counts whose launch a plan keeps
@@ -112,8 +112,11 @@ def check_store(call) -> StorePlan:
         fail_value("rms_norm_weight.stride(0)", "1", weight.stride(0))
     if not isinstance(call.rms_norm_eps, numbers.Real) or isinstance(call.rms_norm_eps, bool):
         fail_type("rms_norm_eps", "a float", checks.type_name(call.rms_norm_eps))
-    if not 0 <= call.rms_norm_eps < math.inf:  # NaN fails too: it would poison every key
-        fail_value("rms_norm_eps", "a finite float >= 0", call.rms_norm_eps)
+    # NaN fails too (it would poison every key), and so does a value float32 cannot hold
+    # (the kernels add it in float32: it would zero every key).
+    if not 0 <= call.rms_norm_eps <= FLOAT32_MAX:
+        fail_value("rms_norm_eps", f"a finite float >= 0 and <= {FLOAT32_MAX:.6g} (float32's "
+                   "largest)", call.rms_norm_eps)
     k_cache = call.k_cache
     checks.check_k_cache(k_cache, call.use_fp4_cache)
     checks.check_index_vector("kv_slot_mapping", call.kv_slot_mapping)

@@ -118,6 +118,7 @@ class TopKPlan:
     has_lengths: bool
     row_stride: int
     out_row_stride: int
+    apart: tuple  # checks.output_extents: out and the inputs it must not overlap
     launches: dict = field(default_factory=dict)  # TopKSettings -> the kernels' launches
 
 
@@ -221,7 +222,8 @@ def check_topk(call) -> TopKPlan:
         fail_unsupported("k", f"min(k, cols) <= {MAX_SORTED} with the Triton backend "
                          "(backend='reference' takes any k)", k)
     return TopKPlan(backend, logits.device, rows, cols, k, logits.dtype == torch.bfloat16,
-                    lengths is not None, logits.stride(0), out.stride(0))
+                    lengths is not None, logits.stride(0), out.stride(0),
+                    checks.output_extents(call, "out", ("logits", "lengths")))
 
 
 def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
@@ -324,6 +326,7 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
 
 
 def run_topk(plan: TopKPlan, call) -> None:
+    checks.check_apart(plan.apart, call)
     if plan.backend == "reference":
         call.out.copy_(reference_topk.top_k_indices(call.logits, plan.k, call.lengths))
     else:

@@ -275,20 +275,34 @@ def store(
 def gather(
     k_cache: torch.Tensor, slots: torch.Tensor, use_fp4_cache: bool, layout_code: int, n_per_tile: int,
     d_per_tile: int = layout.MXFP4_D_PER_TILE, scale_lanes: int | None = None,
+    check_bounds: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row ``i`` holds the value and scale bytes stored for ``slots[i]``, token-major."""
+    """Row ``i`` holds the value and scale bytes stored for ``slots[i]``, token-major. A slot
+    outside the cache is an ``IndexError`` (``check_bounds``) or a row of zeros."""
     slots = slots.reshape(-1).long()
-    check_slots_in_range(slots, k_cache.shape[0] * k_cache.shape[1])
-    value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code, n_per_tile,
-                                            d_per_tile, scale_lanes)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if check_bounds:
+        check_slots_in_range(slots, num_slots)
+    inside = (slots >= 0) & (slots < num_slots)
+    value_at, scale_at = token_byte_offsets(k_cache, torch.where(inside, slots, 0),
+                                            use_fp4_cache, layout_code, n_per_tile, d_per_tile,
+                                            scale_lanes)
+    if num_slots == 0:  # nothing to read: every row is outside
+        return (torch.zeros(value_at.shape, dtype=torch.uint8, device=k_cache.device),
+                torch.zeros(scale_at.shape, dtype=torch.uint8, device=k_cache.device))
     flat = cache_bytes(k_cache)
-    return flat[value_at].contiguous(), flat[scale_at].contiguous()
+    keep = inside[:, None]
+    return (torch.where(keep, flat[value_at], 0).contiguous(),
+            torch.where(keep, flat[scale_at], 0).contiguous())
 
 
 def slots_of_sequences(
-    block_table: torch.Tensor, cu_seq_lens: torch.Tensor, block_size: int
+    block_table: torch.Tensor, cu_seq_lens: torch.Tensor, block_size: int,
+    check_bounds: bool = True,
 ) -> torch.Tensor:
-    """The slot of every token of every sequence, in ``cu_seq_lens`` order."""
+    """The slot of every token of every sequence, in ``cu_seq_lens`` order. A sequence
+    longer than the block table's columns is an ``IndexError`` (``check_bounds``), or its
+    tokens past them get slot -1 (outside every cache)."""
     cu = cu_seq_lens.reshape(-1).long()
     lengths = cu[1:] - cu[:-1]
     total = int(cu[-1]) if cu.numel() else 0
@@ -296,15 +310,19 @@ def slots_of_sequences(
                                   output_size=total)
     i = torch.arange(total, device=cu.device) - cu[seq]
     blocks_needed = i // block_size
-    if total and int(blocks_needed.max()) >= block_table.shape[1]:
+    columns = block_table.shape[1]
+    if check_bounds and total and int(blocks_needed.max()) >= columns:
         raise IndexError(
-            f"block_table has {block_table.shape[1]} columns; a sequence needs "
+            f"block_table has {columns} columns; a sequence needs "
             f"{int(blocks_needed.max()) + 1}"
         )
+    if columns == 0:
+        return torch.full((total,), -1, dtype=torch.int64, device=cu.device)
+    in_table = blocks_needed < columns
     # A block id past any cache keeps its slots past it (no int64 wrap-around into range).
-    blocks = block_table.long()[seq, blocks_needed].clamp(
+    blocks = block_table.long()[seq, blocks_needed.clamp(max=columns - 1)].clamp(
         min=-1, max=torch.iinfo(torch.int64).max // block_size - 1)
-    return blocks * block_size + i % block_size
+    return torch.where(in_table, blocks * block_size + i % block_size, -1)
 
 
 def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
