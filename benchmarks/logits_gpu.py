@@ -346,6 +346,49 @@ def time_variants(calls: list, variants: dict, rounds: int) -> tuple[dict, dict,
     return same, times, {name: statistics.median(t) for name, t in times.items()}
 
 
+def variant_experiment(name: str, shapes: dict, variants_of, rounds: int,
+                       ranked: bool = False) -> None:
+    """The loop of a settings experiment. For each (cache format, query form): [(batch,
+    context, next_n)] of ``shapes``, ``variants_of(default, case)`` (``case``: the batch,
+    context, next_n and the context's tiles, as a dict) gives the variants ({name:
+    settings}, the reference first; None skips the shape), timed in alternation
+    ``rounds`` times (``time_variants``). A line a shape (fastest first when ``ranked``);
+    the records and the lines to ``$OUT/<name>.json`` (``report``)."""
+    copy = bench.copy_bandwidth_GBps()
+    lines, records = [], []
+    for (fmt, q_form), cases in shapes.items():
+        for batch, context, next_n in cases:
+            calls, nbytes = make_calls(fmt, q_form, batch, context, next_n)
+            _, default, _ = ours(calls[0])
+            tiles = -(-context // default.block_n)
+            variants = variants_of(default, dict(batch=batch, context=context,
+                                                 next_n=next_n, tiles=tiles))
+            if variants is None:
+                continue
+            same, times, median = time_variants(calls, variants, rounds)
+            order = sorted(variants, key=median.get) if ranked else list(variants)
+            lines.append(
+                f"{fmt:5} {q_form:5} {batch:>3}x{context:<6} n{next_n}  default: rows "
+                f"{default.rows}, {-(-tiles // default.splits)} tiles a program, stages "
+                f"{default.num_stages}, registers {default.max_registers}, pdl "
+                f"{int(default.pdl)}, hint {default.hint_tiles}\n    " + "  ".join(
+                    f"{v} {median[v]:.2f} us ({pct(nbytes, median[v], copy):.0f} %"
+                    f"{'' if same[v] else ', DIFFERS'})" for v in order))
+            print(lines[-1], flush=True)
+            records.append(dict(format=fmt, q_format=q_form, batch=batch, context=context,
+                                next_n=next_n, bytes=nbytes, default=default._asdict(),
+                                times_us=times, identical=same))
+            del calls
+    report(name, copy, records, lines)
+
+
+def experiment_rounds(doc: str) -> int:
+    """An experiment's command line: ``--rounds`` (default 3)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    return parser.parse_args().rounds
+
+
 def report(name: str, copy: float, records: list, lines: list[str]) -> None:
     """An experiment's end: its records to ``$OUT/<name>.json``, its table printed last."""
     with open(os.path.join(os.environ.get("OUT", "."), f"{name}.json"), "w") as f:

@@ -40,6 +40,7 @@ __all__ = ["fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_lo
 _METADATA_COLUMNS = 2
 ROW_ALIGN = 256  # columns: the result's row stride is a multiple of this
 LOGITS_DTYPES = (torch.float32, torch.bfloat16)
+Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]  # (values, scales or None)
 
 
 def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int,
@@ -77,7 +78,7 @@ def _deepgemm_query(q: object) -> tuple[object, bool]:
 
 
 def fp8_fp4_paged_mqa_logits(
-    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+    q: Query,
     kv_cache: torch.Tensor,
     weights: torch.Tensor,
     context_lens: torch.Tensor,
@@ -133,16 +134,10 @@ def fp8_fp4_paged_mqa_logits(
     return logits if logits_dtype == torch.float32 else logits.to(logits_dtype)
 
 
-def fp8_paged_mqa_logits(
-    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    schedule_metadata: torch.Tensor | None,
-    max_model_len: int,
-    clean_logits: bool = False,
-) -> torch.Tensor:
+def fp8_paged_mqa_logits(q: Query, kv_cache: torch.Tensor, weights: torch.Tensor,
+                         context_lens: torch.Tensor, block_tables: torch.Tensor,
+                         schedule_metadata: torch.Tensor | None, max_model_len: int,
+                         clean_logits: bool = False) -> torch.Tensor:
     """DeepGEMM's earlier name and signature for FP8 caches (e4m3 ``q``, float32 logits):
     ``fp8_fp4_paged_mqa_logits`` without ``logits_dtype`` and ``indices``."""
     return fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
