@@ -587,7 +587,8 @@ def _deepgemm_args(call):
 
 
 @pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("fp8-mx", "e4m3-mx"),
-                                         ("mxfp4", "mxfp4"), ("mxfp4", "e4m3")])
+                                         ("fp8-mx", "mxfp4"), ("mxfp4", "mxfp4"),
+                                         ("mxfp4", "e4m3")])
 def test_deepgemm_entry_point_as_engines_call_it(fmt, q_form):
     """vLLM's call (six positional arguments, then ``max_model_len=`` and ``clean_logits=``)
     and DeepGEMM's conventions: an FP8 cache's scales are MX exactly when the queries have
@@ -610,6 +611,7 @@ def test_deepgemm_entry_point_as_engines_call_it(fmt, q_form):
     rounded = compat.fp8_fp4_paged_mqa_logits(q, kv_cache, weights, lens, table, schedule,
                                               call["max_model_len"], True, torch.bfloat16)
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, want.to(torch.bfloat16))
+    assert rounded.stride(0) % compat.ROW_ALIGN == 0
     if q_form == "e4m3":
         bare = compat.fp8_paged_mqa_logits(q[0], kv_cache, weights, lens, table, schedule,
                                            call["max_model_len"], clean_logits=True)
@@ -814,6 +816,14 @@ def test_deepgemm_entry_point_rejects_indices():
         compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
                                         call["context_lens"], call["block_table"], None,
                                         call["max_model_len"], logits_dtype=torch.float16)
+    with pytest.raises(ValueError, match="weights"):  # named, not the out made from it
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"][1:],
+                                        call["context_lens"], call["block_table"], None,
+                                        call["max_model_len"])
+    with pytest.raises(TypeError, match="logits_dtype"):
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
+                                        call["context_lens"], call["block_table"], None,
+                                        call["max_model_len"], logits_dtype="float32")
     with pytest.raises(TypeError, match="clean_logits"):
         compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
                                         call["context_lens"], call["block_table"], None,

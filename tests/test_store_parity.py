@@ -613,6 +613,13 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
                  dict(constexprs, NEXT_N=4, ROWS=4, CTX_2D=True, USE_FP4=False,
                       RELU_BY_ABS=False, HINT_TILES=2), target, num_warps=4, num_stages=6)
+    # bf16 queries (their keys decoded to bf16 operands, FP8 and MXFP4 keys) on sm_89, the
+    # oldest GPU the native dots are for: its PTX lacks some sm_90 instructions.
+    SM89 = GPUTarget("cuda", 89, 32)
+    for use_fp4 in (False, True):
+        compile_(paged_mqa_logits_kernel, dict(pointers, **scalars, q_ptr="*i16"),
+                 dict(constexprs, Q_FORM=0, USE_FP4=use_fp4, RELU_BY_ABS=False, HINT_TILES=0,
+                      USE_PDL=0), SM89, num_warps=4, num_stages=6)
     compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
                                     out_ptr="*i32", out_row_stride="i32"),
              dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)

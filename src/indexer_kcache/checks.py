@@ -92,24 +92,27 @@ def extent_bytes(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
-def output_extents(call, output: str, inputs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """``(name, extent_bytes)`` of the output ``call.<output>``, then of each input tensor
-    of ``call`` named in ``inputs`` (``None`` ones left out): what ``check_apart`` compares.
-    A plan keeps them: they are fixed by the tensors' shapes and strides."""
-    named = ((name, getattr(call, name)) for name in (output, *inputs))
-    return tuple((name, extent_bytes(t)) for name, t in named if t is not None)
+def output_extents(call, output: str, inputs: tuple[str | tuple[str, str], ...]
+                   ) -> tuple[tuple[str, str, int], ...]:
+    """``(field, name, extent_bytes)`` of the output ``call.<output>``, then of each input
+    tensor of ``call`` in ``inputs`` (a field, or ``(field, name in messages)``; ``None``
+    ones left out): what ``check_apart`` compares. A plan keeps them: they are fixed by
+    the tensors' shapes and strides."""
+    named = [(entry, entry) if isinstance(entry, str) else entry for entry in (output, *inputs)]
+    return tuple((field, name, extent_bytes(getattr(call, field))) for field, name in named
+                 if getattr(call, field) is not None)
 
 
-def check_apart(extents: tuple[tuple[str, int], ...], call) -> None:
+def check_apart(extents: tuple[tuple[str, str, int], ...], call) -> None:
     """The output of ``extents`` (``output_extents``) shares no byte with the inputs: a
     kernel that reads an input while writing over it would read its own results. Compared
     by address ranges, which are exact for dense tensors and err on the side of an error
     for interleaved views of one buffer."""
-    (out_name, out_extent), *inputs = extents
-    start = getattr(call, out_name).data_ptr()
+    (out_field, out_name, out_extent), *inputs = extents
+    start = getattr(call, out_field).data_ptr()
     end = start + out_extent
-    for name, extent in inputs:
-        first = getattr(call, name).data_ptr()
+    for field, name, extent in inputs:
+        first = getattr(call, field).data_ptr()
         if first < end and start < first + extent and out_extent and extent:
             fail_value(out_name, f"memory apart from {name}'s", "tensors that overlap")
 

@@ -111,8 +111,8 @@ def fp8_fp4_paged_mqa_logits(
         indices: DeepGEMM's variable-length decode; not supported (must be None).
 
     Returns:
-        ``logits_dtype`` ``[B * next_n, max_model_len]``; float32 rows padded to a multiple
-        of ``ROW_ALIGN`` columns.
+        ``logits_dtype`` ``[B * next_n, max_model_len]``, its rows padded to a multiple of
+        ``ROW_ALIGN`` columns.
     """
     if indices is not None:
         checks.fail_unsupported("indices", "None", checks.type_name(indices))
@@ -120,18 +120,39 @@ def fp8_fp4_paged_mqa_logits(
         checks.fail_type("schedule_metadata", "a torch.Tensor or None",
                          checks.type_name(schedule_metadata))
     checks.check_flag("clean_logits", clean_logits)
+    if not isinstance(logits_dtype, torch.dtype):
+        checks.fail_type("logits_dtype", "a torch.dtype", checks.type_name(logits_dtype))
     if logits_dtype not in LOGITS_DTYPES:
         checks.fail_value("logits_dtype", "torch.float32 or torch.bfloat16", logits_dtype)
     q, mx_scales = _deepgemm_query(q)
+    rows = _result_rows(q, weights)
     out = None
-    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
+    if rows is not None:  # else paged_mqa_logits names what is wrong
         checks.check_int("max_model_len", max_model_len, at_least=0)
-        width = -(-max_model_len // ROW_ALIGN) * ROW_ALIGN
-        out = torch.empty(weights.shape[0], width, dtype=torch.float32,
-                          device=weights.device)[:, :max_model_len]
+        out = _padded_rows(rows, max_model_len, torch.float32, weights.device)
     logits = paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len,
                               mx_scales=mx_scales, clean_logits=clean_logits, out=out)
-    return logits if logits_dtype == torch.float32 else logits.to(logits_dtype)
+    if logits_dtype == torch.float32:
+        return logits
+    rounded = _padded_rows(logits.shape[0], logits.shape[1], logits_dtype, logits.device)
+    return rounded.copy_(logits)
+
+
+def _result_rows(q: object, weights: object) -> int | None:
+    """``B * next_n`` where ``q``'s values and ``weights`` agree on it, else None."""
+    values = q if isinstance(q, torch.Tensor) else q[0] if isinstance(q, tuple) else None
+    if not (isinstance(values, torch.Tensor) and values.dim() == 4
+            and isinstance(weights, torch.Tensor) and weights.dim() == 2):
+        return None
+    rows = values.shape[0] * values.shape[1]
+    return rows if weights.shape[0] == rows else None
+
+
+def _padded_rows(rows: int, width: int, dtype: torch.dtype, device: torch.device
+                 ) -> torch.Tensor:
+    """A ``[rows, width]`` view of rows padded to a multiple of ``ROW_ALIGN`` columns."""
+    padded = -(-width // ROW_ALIGN) * ROW_ALIGN
+    return torch.empty(rows, padded, dtype=dtype, device=device)[:, :width]
 
 
 def fp8_paged_mqa_logits(q: Query, kv_cache: torch.Tensor, weights: torch.Tensor,

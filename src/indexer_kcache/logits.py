@@ -211,7 +211,7 @@ def check_logits(call) -> LogitsPlan:
     checks.check_flag("mx_scales", call.mx_scales, allow_none=True)
     checks.check_flag("clean_logits", call.clean_logits)
     values, scales = call.q_values, call.q_scales
-    q_form, _ = _query_form(values, scales)
+    q_form, q_name = _query_form(values, scales)
     batch, next_n, heads, _ = values.shape
     use_fp4_cache = _cache_format(call.k_cache)
     cache = cache_3d(call.k_cache)
@@ -272,7 +272,8 @@ def check_logits(call) -> LogitsPlan:
             w_sr=weights.stride(0), w_sh=weights.stride(1), page_stride=cache.stride(0),
             ctx_sb=context_lens.stride(0), ctx_si=context_lens.stride(1) if ctx_2d else 0,
             table_sb=block_table.stride(0), out_sr=out.stride(0)),
-        apart=checks.output_extents(call, "out", ("q_values", "q_scales", "k_cache", "weights",
+        apart=checks.output_extents(call, "out", (("q_values", q_name), ("q_scales", "q[1]"),
+                                                  "k_cache", "weights",
                                                   "context_lens", "block_table")),
     )
 

@@ -421,15 +421,18 @@ def _key_operand(codes, Q_FORM: tl.constexpr):
 # as a bf16 of the value times 2**-112 (both exponents count from the field's bottom;
 # nothing of the other half moves in, its low bits being zero), then one exact bf16 multiply
 # by 2**112 (0x7780). Instead of two f16 -> bf16 conversions, which run at a quarter rate.
+# The multiply is an fma with -0.0 added (the same result, sign of zero included):
+# mul.bf16x2 needs sm_90, fma.bf16x2 sm_80.
 _F16_TO_BF16_PTX: tl.constexpr = tl.constexpr("""
 {
-.reg .b32 t, s, c;
+.reg .b32 t, s, c, z;
 shr.b32 t, $1, 3;
 and.b32 s, $1, 0x80008000;
 and.b32 t, t, 0x0FFF0FFF;
 or.b32 t, t, s;
 mov.b32 c, 0x77807780;
-mul.rn.bf16x2 $0, t, c;
+mov.b32 z, 0x80008000;
+fma.rn.bf16x2 $0, t, c, z;
 }
 """)
 

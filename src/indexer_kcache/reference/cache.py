@@ -318,11 +318,13 @@ def slots_of_sequences(
         )
     if columns == 0:
         return torch.full((total,), -1, dtype=torch.int64, device=cu.device)
-    in_table = blocks_needed < columns
+    # (Checked, every token's block is in the table: no mask to build.)
+    column = blocks_needed if check_bounds else blocks_needed.clamp(max=columns - 1)
     # A block id past any cache keeps its slots past it (no int64 wrap-around into range).
-    blocks = block_table.long()[seq, blocks_needed.clamp(max=columns - 1)].clamp(
+    blocks = block_table.long()[seq, column].clamp(
         min=-1, max=torch.iinfo(torch.int64).max // block_size - 1)
-    return torch.where(in_table, blocks * block_size + i % block_size, -1)
+    slots = blocks * block_size + i % block_size
+    return slots if check_bounds else torch.where(blocks_needed < columns, slots, -1)
 
 
 def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
