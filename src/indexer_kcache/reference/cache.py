@@ -281,12 +281,17 @@ def gather(
     outside the cache is an ``IndexError`` (``check_bounds``) or a row of zeros."""
     slots = slots.reshape(-1).long()
     num_slots = k_cache.shape[0] * k_cache.shape[1]
+    inside = None  # checked, every slot is inside: no mask to build
     if check_bounds:
         check_slots_in_range(slots, num_slots)
-    inside = (slots >= 0) & (slots < num_slots)
-    value_at, scale_at = token_byte_offsets(k_cache, torch.where(inside, slots, 0),
-                                            use_fp4_cache, layout_code, n_per_tile, d_per_tile,
-                                            scale_lanes)
+    else:
+        inside = (slots >= 0) & (slots < num_slots)
+        slots = torch.where(inside, slots, 0)
+    value_at, scale_at = token_byte_offsets(k_cache, slots, use_fp4_cache, layout_code,
+                                            n_per_tile, d_per_tile, scale_lanes)
+    if inside is None:
+        flat = cache_bytes(k_cache)
+        return flat[value_at].contiguous(), flat[scale_at].contiguous()
     if num_slots == 0:  # nothing to read: every row is outside
         return (torch.zeros(value_at.shape, dtype=torch.uint8, device=k_cache.device),
                 torch.zeros(scale_at.shape, dtype=torch.uint8, device=k_cache.device))
