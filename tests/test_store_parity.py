@@ -646,18 +646,49 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                       out_ptr="*i32", out_row_stride="i32"),
              dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
                   BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=1), SM90, num_warps=8)
+    # NVIDIA sm_80 (A100): no native e4m3 conversions (integer ones), no dependent launch,
+    # the scorer's float32 dots; what the settings choose there.
+    SM80 = GPUTarget("cuda", 80, 32)
+    for store_constexprs, types in (({"COMPRESS_RATIO": 1, "USE_FP4": False}, {}),
+                                    ({}, {"k_pre_ptr": "*fp32"})):
+        compile_(indexer_k_store_kernel, dict(store, **types),
+                 dict(base, **store_constexprs, EXACT_CASTS=True, USE_PDL=False), SM80,
+                 num_warps=2)
+    compile_(gather_indexer_k_kernel, gather,
+             dict(USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0,
+                  SCALE_LANES=0, BLOCK_SIZE=64, BY_BLOCKS=False, DEQUANTIZE=True, BLOCK_R=32),
+             SM80, num_warps=4)
+    portable = dict(constexprs, NATIVE=False, VARIANT=0, BLOCK_N=32, NUM_STAGES=2, USE_PDL=0,
+                    RELU_BY_ABS=False, HINT_TILES=0)
+    for use_fp4, q_form in ((False, 1), (True, 0)):
+        compile_(paged_mqa_logits_kernel,
+                 dict(pointers, **scalars, **({"q_ptr": "*i16"} if q_form == 0 else {})),
+                 dict(portable, USE_FP4=use_fp4, Q_FORM=q_form), SM80, num_warps=4, num_stages=2)
+    common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=0)
+    compile_(topk_filter_kernel, dict(rows, split_cols="i32", threshold_ptr="*i32",
+                                      cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32",
+                                      meta_ptr="*i64", counts_ptr="*i32", cand_slot_ptr="*i32"),
+             dict(common, BLOCK=1024, BUCKETS=4096), SM80, num_warps=4)
+    compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
+                                      cand_count_ptr="*i32", capacity="i32", cand_slot_ptr="*i32",
+                                      scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
+                                      out_ptr="*i32", out_row_stride="i32"),
+             dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
+                  BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=0), SM80, num_warps=8)
     print("compiled")
 """)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the GPU tests run the compiled kernels themselves")
-def test_kernels_compile_for_sm90_sm100_and_gfx942_without_a_gpu():
+def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     """The interpreter runs kernels as Python: it does not check what only the compiler
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer for sm_90 and sm_100, the top-k's select and rank
-    kernels for sm_90, its sample and filter kernels for sm_90 and gfx942. Nothing runs."""
+    kernels for sm_90, its sample and filter kernels for sm_90 and gfx942; the store, a
+    reader, the scorer's float32 dots and the top-k's filter and select for sm_80 (integer
+    conversions, no dependent launch). Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")
