@@ -1,6 +1,6 @@
 """Top-k on a GPU: exactness at the issue's shapes, then times against ``torch.topk``.
 
-    python benchmarks/topk_gpu.py [--k 2048] [--quick]
+    python benchmarks/topk_gpu.py [--k 2048] [--quick] [--shapes 512x8192 ...]
 
 1. Checks ``top_k_indices`` (k = 2048) against the reference, element for element, at
    every shape: random normal logits, rows of ties, NaN and -inf, ragged lengths and bf16
@@ -17,7 +17,8 @@
 Candidate settings: ``default`` is ``topk_settings``' choice; the others change one thing
 of it (``sampled``: short rows through the sample and filter kernels; ``direct``: rows up
 to 8192 columns ranked whole; ``select-buckets``/``filter-buckets``: the candidates
-counted into their buckets by the other kernel than the default's).
+counted into their buckets by the other kernel than the default's; ``sample-x2``/``-x4``:
+a sample two or four times larger).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
 "bytes", ...}``) and ``topk_gpu.txt`` to ``$OUT`` when it is set; prints a table last.
@@ -106,6 +107,11 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
             (f"chunk{other_chunk}", dict(chunk=other_chunk)),
             ("sample-2-bits", dict(sample_digit_bits=2)),
         ]
+        # A larger sample: a threshold closer to the k-th value, fewer candidates to order.
+        for times in (2, 4):
+            if base.sample_block * times <= topk.MAX_SAMPLE:
+                variants.append((f"sample-x{times}",
+                                 dict(sample_block=base.sample_block * times)))
     if quick:
         variants = variants[:2]
     for label, change in variants:
@@ -207,6 +213,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--k", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="two variants per shape")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="ROWSxCOLS",
+                        help="only these shapes (default: the issue's five)")
     parser.add_argument("--smoke", action="store_true",
                         help="checks only, tiny shapes, k=64, on the CPU without a GPU "
                         "(set TRITON_INTERPRET=1)")
@@ -231,7 +239,9 @@ def main(argv=None) -> int:
     log(f"copy bandwidth {copy:.0f} GB/s (read + write)")
     g = torch.Generator(device=DEVICE).manual_seed(0)
     records, failures, summary = [], [], []
-    for rows, cols in SHAPES:
+    shapes = ([tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
+              if args.shapes else SHAPES)
+    for rows, cols in shapes:
         quick = args.quick or time.time() - t_start > TIME_BUDGET_S
         settings_by_label = candidate_settings(rows, cols, k, quick)
         for label, s in settings_by_label.items():

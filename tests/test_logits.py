@@ -280,6 +280,27 @@ def test_next_n_and_both_context_forms(fmt, q_form, next_n, ctx_2d):
     run_and_check(call, options)
 
 
+@pytest.mark.parametrize("path", ["reference", "triton", "native-stacked"])
+def test_int64_context_lens_at_their_limits_clamp_instead_of_wrapping(path):
+    """``context_lens - next_n + i + 1`` of an int64 length near its minimum would wrap
+    around to a huge positive limit: such a sequence sees nothing, one at the maximum every
+    position its block table covers (the helper agrees)."""
+    if path == "native-stacked" and not INTERPRETED:
+        pytest.skip("on a GPU the Triton backend is the native path")
+    call, options = make_call("fp8", "row-major", "e4m3", batch=2, next_n=2, heads=3, seed=5,
+                              bad_blocks=False)
+    lens = torch.tensor([-2**63, 2**63 - 1], dtype=torch.int64, device=DEVICE)
+    call["context_lens"] = lens
+    want, bound = expected(call, options)
+    if path == "native-stacked":
+        got = run_native(call, options, VARIANT_STACKED)
+    else:
+        got = paged_mqa_logits(**call, **options, backend=path)
+    assert_close(got, want, bound, path)
+    assert torch.isneginf(got[:2]).all() and torch.isfinite(got[2:, :16]).all()
+    assert ik.lengths_from_context(lens, 2, 10).tolist() == [0, 0, 10, 10]
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3"), ("mxfp4", "mxfp4")],
                          ids=["fp8-q_e4m3", "mxfp4-q_mxfp4"])

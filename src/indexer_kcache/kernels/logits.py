@@ -143,7 +143,8 @@ def _row_of_sequence(ctx_ptr, ctx_sb, ctx_si, b, i, num_cols, NEXT_N: tl.constex
     if CTX_2D:
         n = tl.load(ctx_ptr + b * ctx_sb + i * ctx_si, mask=valid, other=0).to(tl.int64)
     else:
-        n = tl.load(ctx_ptr + b * ctx_sb).to(tl.int64) - NEXT_N + 1 + i
+        # Clamped before the subtraction: an int64 context near its minimum must not wrap.
+        n = tl.maximum(tl.load(ctx_ptr + b * ctx_sb).to(tl.int64), 0) - NEXT_N + 1 + i
     limit = tl.minimum(tl.maximum(n, 0), num_cols).to(tl.int32)
     return tl.where(valid, limit, 0), valid
 
@@ -875,7 +876,9 @@ def _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N: tl.constexpr, ROW
         n = tl.load(ctx_ptr + b * ctx_sb + (i0 + r) * ctx_si, mask=valid, other=0,
                     cache_modifier=CACHE).to(tl.int64)
     else:
-        n = tl.load(ctx_ptr + b * ctx_sb, cache_modifier=CACHE).to(tl.int64) - NEXT_N + 1 + i0 + r
+        # Clamped before the subtraction: an int64 context near its minimum must not wrap.
+        n = tl.maximum(tl.load(ctx_ptr + b * ctx_sb, cache_modifier=CACHE).to(tl.int64), 0)
+        n = n - NEXT_N + 1 + i0 + r
     limit = tl.minimum(tl.maximum(n, 0), num_cols).to(tl.int32)
     return tl.where(valid, limit, 0), valid
 

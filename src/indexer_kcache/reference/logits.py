@@ -51,7 +51,8 @@ def lengths_from_context(context_lens: torch.Tensor, next_n: int, num_cols: int)
     lens = context_lens.to(torch.int64)
     if lens.dim() == 1:
         query = torch.arange(next_n, device=lens.device)
-        lens = lens[:, None] - next_n + query[None, :] + 1
+        # Clamped first: an int64 context near its minimum must not wrap around.
+        lens = lens.clamp_min(0)[:, None] - next_n + query[None, :] + 1
     return lens.reshape(-1).clamp(0, num_cols).to(torch.int32)
 
 
