@@ -3,6 +3,8 @@ before any byte of the cache changes."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -105,20 +107,61 @@ def test_bad_argument_raises_before_writing(name, error, words, change):
     assert torch.equal(pages(cache), before)
 
 
-@pytest.mark.skipif(not fast_path.enabled(), reason="the dispatcher coerces numpy scalars")
+PATHS = [pytest.param(True, id="fast-path"), pytest.param(False, id="plain-path")]
+
+
+@pytest.mark.parametrize("fast", PATHS)
 @pytest.mark.parametrize("change, words", [
     (dict(use_fp4_cache=np.bool_(False)), "use_fp4_cache: expected a bool, got numpy."),
     (dict(compress_ratio=np.int64(1)), "compress_ratio: expected an int, got numpy."),
 ], ids=["numpy-bool", "numpy-int"])
-def test_numpy_scalars_are_named_with_their_module(change, words):
+def test_numpy_scalars_are_named_with_their_module(change, words, fast):
     """The public function takes Python bools and ints; a numpy scalar is a TypeError that
-    names its type with the module. (Through the dispatcher, with the fast path off or via
-    ``torch.ops``, the op's schema converts it first, as torch does for any op.)"""
+    names its type with the module, on either host path. (A direct ``torch.ops`` call takes
+    the op's schema conversions first, as torch does for any op.)"""
     case = make_case(8, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
     cache = case.new_cache()
     before = pages(cache).clone()
-    with pytest.raises(TypeError, match=words):
-        ik.indexer_k_norm_rope_store(*_replace(case.args(cache), **change))
+    with fast_path.disabled() if not fast else contextlib.nullcontext():
+        with pytest.raises(TypeError, match=words):
+            ik.indexer_k_norm_rope_store(*_replace(case.args(cache), **change))
+    assert torch.equal(pages(cache), before)
+
+
+# Values the op's schema would convert (to False, to an int, to a float) rather than refuse.
+CONVERTIBLE_OPTIONS = [
+    ("use_fp4_cache-None", dict(use_fp4_cache=None), "use_fp4_cache: expected a bool"),
+    ("use_fp4_cache-tensor", dict(use_fp4_cache=torch.tensor(False)),
+     "use_fp4_cache: expected a bool, got torch.Tensor"),
+    ("compress_ratio-bool", dict(compress_ratio=True), "compress_ratio: expected an int, got bool"),
+    ("compress_ratio-tensor", dict(compress_ratio=torch.tensor(1)), "compress_ratio: expected an int"),
+    ("eps-tensor", dict(rms_norm_eps=torch.tensor(1e-6)), "rms_norm_eps: expected a float"),
+    ("eps-bool", dict(rms_norm_eps=True), "rms_norm_eps: expected a float, got bool"),
+]
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("change, words", [pytest.param(c, w, id=i)
+                                           for i, c, w in CONVERTIBLE_OPTIONS])
+def test_options_the_schema_would_convert_are_refused_on_every_path(change, words, fast):
+    case = make_case(8, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
+    cache = case.new_cache()
+    before = pages(cache).clone()
+    with fast_path.disabled() if not fast else contextlib.nullcontext():
+        with pytest.raises(TypeError, match=words):
+            ik.indexer_k_norm_rope_store(*_replace(case.args(cache), **change))
+        # Keyword options too: check_bounds=None would turn the bounds check off.
+        with pytest.raises(TypeError, match="check_bounds: expected a bool, got NoneType"):
+            ik.indexer_k_norm_rope_store(*case.args(cache), check_bounds=None)
+        with pytest.raises(TypeError, match="mx_scales: expected a bool or None, got int"):
+            ik.indexer_k_norm_rope_store(*case.args(cache), mx_scales=0)
+        slots = torch.tensor([0, 1], device=DEVICE)
+        with pytest.raises(TypeError, match="check_bounds: expected a bool, got NoneType"):
+            ik.gather_indexer_k(cache, slots, False, check_bounds=None)
+        with pytest.raises(TypeError, match="use_fp4_cache: expected a bool, got NoneType"):
+            ik.dequantize_indexer_k(cache, slots, None)
+        with pytest.raises(TypeError, match="mx_scales: expected a bool or None, got int"):
+            ik.dequantize_indexer_k(cache, slots, False, mx_scales=1)
     assert torch.equal(pages(cache), before)
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import indexer_kcache as ik
-from indexer_kcache import layout, reference
+from indexer_kcache import launcher, layout, reference
 
 from .cases import DEVICE, make_case, pages
 from .test_store import FORMAT_LAYOUTS, FORMATS, LAYOUTS
@@ -61,6 +61,18 @@ def test_dequantize_equals_decoded_reference(fmt, layout_name, backend):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_no_slots_give_empty_outputs(fmt, backend):
+    case, cache, _, _, _ = written_case(fmt, "row-major", num_tokens=8)
+    slots = case.slots[:0]
+    fp4, mx = FORMATS[fmt]
+    values, scales = ik.gather_indexer_k(cache, slots, fp4, backend=backend)
+    assert values.shape == (0, layout.value_bytes(fp4)) and scales.shape == (0, 4)
+    keys = ik.dequantize_indexer_k(cache, slots, fp4, mx_scales=mx, backend=backend)
+    assert keys.shape == (0, layout.HEAD_DIM) and keys.dtype == torch.float32
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS)
@@ -77,6 +89,44 @@ def test_gather_by_blocks_follows_the_block_table(fmt, layout_name, backend, ind
                        + torch.arange(n) % block_size for b, n in enumerate(lengths)])
     want = ik.gather_indexer_k(cache, slots.to(DEVICE), case.use_fp4_cache, backend="reference",
                                **options)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_gather_by_blocks_with_more_chunks_than_the_grid_holds(fmt, monkeypatch):
+    """A sequence of more than ``MAX_GRID_Y`` chunks (2M tokens on CUDA) is gathered by
+    programs that take several chunks each: here the cap is lowered to 2 programs a
+    sequence, for up to 6 chunks."""
+    monkeypatch.setattr(launcher, "MAX_GRID_Y", 2)
+    block_size, num_blocks = 64, 5
+    case, cache, *_ , options = written_case(fmt, "row-major", num_tokens=300,
+                                            block_size=block_size, num_blocks=num_blocks)
+    lengths = [190, 37, 0, 100]
+    table = torch.stack([torch.randperm(num_blocks)[:4] for _ in lengths]).to(DEVICE)
+    cu = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
+    got = ik.gather_indexer_k_by_blocks(cache, table, cu, case.use_fp4_cache, backend="triton",
+                                        **options)
+    want = ik.gather_indexer_k_by_blocks(cache, table, cu, case.use_fp4_cache,
+                                         backend="reference", **options)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_gather_by_blocks_of_a_sequence_past_the_grid_limit():
+    """2.2M tokens of one sequence: more than 65535 chunks of 32 (CUDA's limit on a grid's
+    second dimension, which the launch once exceeded)."""
+    fp4, block_size = True, 64
+    num_tokens = 2_200_000
+    num_blocks = -(-num_tokens // block_size)
+    cache = ik.allocate_k_cache(num_blocks, block_size, fp4, device=DEVICE)
+    cache.view(torch.uint8).copy_(torch.randint(0, 256, cache.shape, dtype=torch.uint8,
+                                                device=DEVICE))
+    table = torch.randperm(num_blocks, device=DEVICE)[None]
+    cu = torch.tensor([0, num_tokens], device=DEVICE)
+    got = ik.gather_indexer_k_by_blocks(cache, table, cu, fp4)
+    slots = (table[0].long()[:, None] * block_size
+             + torch.arange(block_size, device=DEVICE)).reshape(-1)[:num_tokens]
+    want = ik.gather_indexer_k(cache, slots, fp4)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

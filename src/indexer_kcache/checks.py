@@ -185,11 +185,10 @@ def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,
         return code, 0, 0, 0
     n = mxfp4_n_per_tile
     if n == 0:
-        raise NotImplementedError(
-            "mxfp4_n_per_tile: the MXFP4 shuffled (ROCm) layout needs the MQA-logits kernel's "
-            f"tile N, a divisor of block_size = {block_size} (one of {layout.MXFP4_TILE_CHOICES} "
-            "for the default mxfp4_scale_lanes); got 0"
-        )
+        fail_unsupported(
+            "mxfp4_n_per_tile", "the MQA-logits kernel's tile N for the MXFP4 shuffled (ROCm) "
+            f"layout, a divisor of block_size = {block_size} (one of "
+            f"{layout.MXFP4_TILE_CHOICES} for the default mxfp4_scale_lanes)", 0)
     if block_size % n:
         fail_value("mxfp4_n_per_tile", f"a positive divisor of block_size = {block_size}", n)
     lanes = mxfp4_scale_lanes

@@ -24,7 +24,8 @@ conventions are kept where they differ from ``paged_mqa_logits``:
   kernels that read DeepGEMM's logits expect.
 
 The work is done by ``indexer_kcache.logits.paged_mqa_logits`` on the cache's bytes as our
-store writes them (row-major layout).
+store writes them in DeepGEMM's row-major layout, on every platform (``shuffle=False``: a
+cache stored in a ROCm layout is scored by ``paged_mqa_logits`` with its options).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def fp8_fp4_paged_mqa_logits(
         checks.check_int("max_model_len", max_model_len, at_least=0)
         out = _padded_rows(rows, max_model_len, torch.float32, weights.device)
     logits = paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len,
-                              mx_scales=mx_scales, clean_logits=clean_logits, out=out)
+                              mx_scales=mx_scales, shuffle=False, clean_logits=clean_logits,
+                              out=out)
     if logits_dtype == torch.float32:
         return logits
     rounded = _padded_rows(logits.shape[0], logits.shape[1], logits_dtype, logits.device)

@@ -22,8 +22,9 @@ A call then flows:
 
 1. a plain eager call (``fast_path.plain_eager``) runs the implementation directly;
    anything else (torch.compile, fake tensors, dispatch modes) goes through the
-   ``torch.library`` op, whose implementation is the same; where the op's schema rejects
-   an argument's type, ``check`` runs to name the argument;
+   ``torch.library`` op, whose implementation is the same; the options' Python types are
+   checked first (the schema would convert some: None to a bool), and where the schema
+   rejects an argument's type, ``check`` runs to name the argument;
 2. the implementation looks up the plan kept for the call's options (the non-tensor
    arguments and their types) and its tensors' metadata (type, dtype, device, strides,
    sizes except the ``token_dims``), or runs ``check`` and keeps the plan. A plain eager
@@ -41,16 +42,19 @@ import collections
 import contextlib
 import functools
 import inspect
+import numbers
 import sys
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 
 import torch
 
-from . import fast_path
+from . import checks, fast_path
 from .kernels import INTERPRETED
 
 NAMESPACE = "indexer_kcache"
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (and third) dimension
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 _EMPTY = object()
 
@@ -149,6 +153,7 @@ class Op:
         self.plans = PlanCache([token_dims.get(n, ()) for n in self._tensor_names])
         self._token_dims = token_dims
         self.tensor_positions, self.option_positions = required, other
+        self._option_checks = _option_checks(declaration, [(i, names[i]) for i in other])
         self.bind = _binder(self.name, signature, self.Call, lambda call: call)
         self.entry = _entry(self, signature)
         functools.update_wrapper(self.entry, declaration)
@@ -158,8 +163,16 @@ class Op:
 
     # The ways in: the public entry (see ``_entry``), and the torch.library op's
     # implementation and fake.
+    def check_option_types(self, call) -> None:
+        """The options' Python types, as the op's checks take them. The op's schema would
+        convert some values instead of refusing them (None or a 0-d tensor to a bool, True
+        to an int, a tensor to a float) before its checks could see them."""
+        for index, check in self._option_checks:
+            check(call[index])
+
     def through_op(self, call):
         """Call the torch.library op (it runs ``implementation`` or, tracing, ``_fake``)."""
+        self.check_option_types(call)
         args = [call[i] for i in self._positional]
         kwargs = {name: call[i] for i, name in self._keywords}
         try:
@@ -219,6 +232,34 @@ class Op:
         return [self._token_dims.get(n, ()) for n in names]
 
 
+def _option_checks(declaration: Callable, options: list[tuple[int, str]]) -> list:
+    """(index, check) of the declared options whose values the schema would convert: bools,
+    ints and floats (each optionally None), by their annotations."""
+    hints = typing.get_type_hints(declaration)
+    found = []
+    for index, name in options:
+        hint = hints.get(name)
+        allow_none = type(None) in typing.get_args(hint)
+        kinds = {k for k in (typing.get_args(hint) or (hint,)) if k is not type(None)}
+        if kinds == {bool}:
+            found.append((index, functools.partial(checks.check_flag, name,
+                                                   allow_none=allow_none)))
+        elif kinds == {int}:
+            found.append((index, functools.partial(checks.check_int, name,
+                                                   allow_none=allow_none)))
+        elif kinds == {float}:
+            found.append((index, functools.partial(_check_real, name, allow_none=allow_none)))
+    return found
+
+
+def _check_real(name: str, value: object, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        checks.fail_type(name, "a float" + (" or None" if allow_none else ""),
+                         checks.type_name(value))
+
+
 def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
     """A fast ``lambda call: tuple(call[i] for i in indices)``."""
     if len(indices) == 1:
@@ -246,6 +287,7 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     the torch.library op, in code the tracer reads plainly; a plain eager call to the
     implementation; anything else through the op."""
     namespace = {"_op": op.torch_op, "_compiling": torch.compiler.is_compiling,
+                 "_check_options": op.check_option_types,
                  "_fp": fast_path, "_implementation": op.implementation,
                  "_through_op": op.through_op, "_last": op.plans.last, "_run": op.run}
     params = list(signature.parameters.values())
@@ -257,6 +299,7 @@ def _entry(op: Op, signature: inspect.Signature) -> Callable:
     call = _named_tuple(signature, op.Call, namespace)
     lines = [f"def {op.name}({_parameters(signature, namespace)}):",
              "    if _compiling():",
+             f"        _check_options({call})",
              f"        return _op({op_args})",
              f"    if {fast_path.PLAIN_EAGER_SOURCE.format(fp='_fp')}:"]
     if op._optional is None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checks, layout, reference
+from . import checks, launcher, layout, reference
 from .kernels import INTERPRETED, gather_indexer_k_kernel
 from .launcher import Kernel, Launch, declare_op
 
@@ -201,7 +201,9 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
     values, scales = _new_rows(plan.device, num_rows, plan.value_bytes)
     if num_rows:
         plan.launch(
-            (block_table.shape[0], -(-max_len // BLOCK_R), 1), cache_ptr=k_cache,
+            # Capped: a program takes every MAX_GRID_Y-th chunk of a longer sequence.
+            (block_table.shape[0], min(-(-max_len // BLOCK_R), launcher.MAX_GRID_Y), 1),
+            cache_ptr=k_cache,
             slot_ptr=cu_seq_lens, num_rows=num_rows,  # unused with BY_BLOCKS
             block_table_ptr=block_table, cu_seq_lens_ptr=cu_seq_lens,
             values_ptr=values, scales_ptr=scales)

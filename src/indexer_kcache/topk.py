@@ -28,7 +28,7 @@ from .kernels.topk import (
     topk_sample_kernel,
     topk_select_kernel,
 )
-from .launcher import Kernel, declare_op, tunable
+from .launcher import MAX_GRID_Y, Kernel, declare_op, tunable
 from .reference import topk as reference_topk
 from .reference.logits import lengths_from_context
 from .util import next_power_of_2
@@ -49,7 +49,6 @@ OUT_DTYPES = (torch.int32,)
 MAX_COLS = 2**31 - 2**16
 # The select kernel ranks at most this many pairs in one program (min(k, cols) or more).
 MAX_SORTED = 16384
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension (the filter's programs)
 
 # Settings (see topk_settings).
 DIRECT_MAX_COLS = 4096  # up to this width the select kernel reads rows whole

@@ -32,27 +32,46 @@ def gather_indexer_k_kernel(
     DEQUANTIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    VALUE_BYTES: tl.constexpr = layout.MXFP4_VALUE_BYTES if USE_FP4 else layout.FP8_VALUE_BYTES
-    SCALE_BYTES: tl.constexpr = layout.SCALE_BYTES
-    HEAD_DIM: tl.constexpr = layout.HEAD_DIM
     if BY_BLOCKS:
-        # program (sequence b, chunk c): tokens c * BLOCK_R ... of sequence b.
+        # program (sequence b, c): tokens c * BLOCK_R ... of sequence b, and every
+        # num_programs(1)-th chunk after (the grid's second dimension is capped, so a
+        # sequence longer than the cap times BLOCK_R takes several chunks a program).
         seq = tl.program_id(0).to(tl.int64)
         start = tl.load(cu_seq_lens_ptr + seq).to(tl.int64)
         length = tl.load(cu_seq_lens_ptr + seq + 1).to(tl.int64) - start
-        i = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-        live = i < length
-        column = i // BLOCK_SIZE
-        block = tl.load(block_table_ptr + seq * block_table_row_stride + column,
-                        mask=live & (column < block_table_cols), other=-1).to(tl.int64)
-        # The block id is range-checked before it is scaled (a huge one would wrap).
-        in_cache = (block >= 0) & (block < num_slots // BLOCK_SIZE)
-        slot = tl.where(in_cache, block * BLOCK_SIZE + i % BLOCK_SIZE, -1)
-        row = start + i
+        for chunk in range(tl.program_id(1).to(tl.int64), tl.cdiv(length, BLOCK_R),
+                           tl.num_programs(1).to(tl.int64)):
+            i = chunk * BLOCK_R + tl.arange(0, BLOCK_R)
+            live = i < length
+            column = i // BLOCK_SIZE
+            block = tl.load(block_table_ptr + seq * block_table_row_stride + column,
+                            mask=live & (column < block_table_cols), other=-1).to(tl.int64)
+            # The block id is range-checked before it is scaled (a huge one would wrap).
+            in_cache = (block >= 0) & (block < num_slots // BLOCK_SIZE)
+            slot = tl.where(in_cache, block * BLOCK_SIZE + i % BLOCK_SIZE, -1)
+            _copy_rows(cache_ptr, page_stride, num_slots, start + i, slot, live, values_ptr,
+                       scales_ptr, dequant_ptr, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                       D_PER_TILE, SCALE_LANES, BLOCK_SIZE, DEQUANTIZE, BLOCK_R)
     else:
         row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         live = row < num_rows
         slot = tl.load(slot_ptr + row, mask=live, other=-1).to(tl.int64)
+        _copy_rows(cache_ptr, page_stride, num_slots, row, slot, live, values_ptr, scales_ptr,
+                   dequant_ptr, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                   SCALE_LANES, BLOCK_SIZE, DEQUANTIZE, BLOCK_R)
+
+
+@triton.jit
+def _copy_rows(cache_ptr, page_stride, num_slots, row, slot, live, values_ptr, scales_ptr,
+               dequant_ptr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
+               LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+               SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, DEQUANTIZE: tl.constexpr,
+               BLOCK_R: tl.constexpr):
+    """Output rows ``row`` [BLOCK_R] (those ``live``) from cache slots ``slot``: the stored
+    bytes, or the keys dequantized; zeros for a slot outside the cache."""
+    VALUE_BYTES: tl.constexpr = layout.MXFP4_VALUE_BYTES if USE_FP4 else layout.FP8_VALUE_BYTES
+    SCALE_BYTES: tl.constexpr = layout.SCALE_BYTES
+    HEAD_DIM: tl.constexpr = layout.HEAD_DIM
     readable = live & (slot >= 0) & (slot < num_slots)
     page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
     p = slot % BLOCK_SIZE

@@ -339,7 +339,7 @@ def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
 def decode_e2m1(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [n, 64] packed pairs -> float32 [n, 128] E2M1 values (unscaled)."""
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2).long()  # n may be 0
     magnitude = table[codes & 0x7]
     return torch.where(codes >= 8, -magnitude, magnitude)
 
