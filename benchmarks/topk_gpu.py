@@ -96,7 +96,7 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
 
         other_steps = 1 if base.split_steps > 1 else 2
         other_warps = 16 if base.select_warps < 16 else 8
-        other_chunk = topk.RANK_CHUNK if base.chunk != topk.RANK_CHUNK else topk.SHORT_RANK_CHUNK
+        other_chunk = 2 * topk.RANK_CHUNK
         variants = [
             ("select-buckets" if base.bucket_in_filter else "filter-buckets",
              dict(bucket_in_filter=not base.bucket_in_filter)),

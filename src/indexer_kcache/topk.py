@@ -62,8 +62,7 @@ SAMPLE_CHUNK = 32  # consecutive columns per piece of the sample (128 bytes of f
 THRESHOLD_BITS = 16  # top key bits the sample's threshold is given to
 STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a row
 RADIX_BITS = 8
-RANK_CHUNK = 256  # pairs ranked per program
-SHORT_RANK_CHUNK = 128  # ... in launches of fewer than FILTER_STEPS_FROM elements
+RANK_CHUNK = 128  # pairs ranked per program (256 measured slower at every shape)
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
 # The filter kernel buckets the candidates (bucket_in_filter) while it has at most this
@@ -145,9 +144,9 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     on a GPU use programmatic dependent launch where the GPU has it: each kernel released
     early while the filter has at most ``PDL_MAX_PROGRAMS`` programs, else as the previous
     one's programs exit (rows read whole, and the interpreter, launch plainly). A short
-    launch (fewer than ``FILTER_STEPS_FROM`` elements) selects with fewer warps and ranks
-    ``SHORT_RANK_CHUNK`` pairs a program: its time is the chain of its kernels' steps,
-    not their throughput (measured: BENCHMARKS.md, "The top-k"). The filter kernel
+    launch (fewer than ``FILTER_STEPS_FROM`` elements) selects with fewer warps: its time
+    is the chain of its kernels' steps, not their throughput (measured: BENCHMARKS.md, "The
+    top-k"). The rank kernel takes ``RANK_CHUNK`` pairs a program. The filter kernel
     buckets the candidates for the select kernel while it has at most
     ``BUCKET_IN_FILTER_MAX_PROGRAMS`` programs.
     """
@@ -170,7 +169,7 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     splits = -(-cols // (steps * FILTER_STEP))
     return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block,
                         _select_warps(block, short), RADIX_BITS,
-                        chunk=SHORT_RANK_CHUNK if short else RANK_CHUNK, split_steps=steps,
+                        split_steps=steps,
                         pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT,
                         bucket_in_filter=rows * splits <= BUCKET_IN_FILTER_MAX_PROGRAMS)
 
