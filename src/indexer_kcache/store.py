@@ -115,7 +115,7 @@ def check_store(call) -> StorePlan:
     # NaN fails too (it would poison every key), and so does a value float32 cannot hold
     # (the kernels add it in float32: it would zero every key).
     if not 0 <= call.rms_norm_eps <= FLOAT32_MAX:
-        fail_value("rms_norm_eps", f"a finite float >= 0 and <= {FLOAT32_MAX:.6g} (float32's "
+        fail_value("rms_norm_eps", f"a finite float >= 0 and <= {FLOAT32_MAX!r} (float32's "
                    "largest)", call.rms_norm_eps)
     k_cache = call.k_cache
     checks.check_k_cache(k_cache, call.use_fp4_cache)
