@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 
 from indexer_kcache import topk
-from indexer_kcache.bench.timing import graph_time_us
-from indexer_kcache.bench.topk import SHAPES, K, make_logits
-from indexer_kcache.reference import topk as reference_topk
+from indexer_kcache.bench.topk import SHAPES, K, make_logits, time_settings
 
 
 def main():
@@ -26,16 +24,8 @@ def main():
         times = {topk.PDL_NONE: [], topk.PDL_EARLY: [], topk.PDL_AT_EXIT: []}
         exact = {}
         for pdl in (topk.PDL_EARLY, topk.PDL_AT_EXIT, topk.PDL_NONE) * 2:
-            settings = default._replace(pdl=pdl)
-
-            def call(x, o, settings=settings):
-                with topk.topk_settings.override(settings):
-                    topk.top_k_indices(x, K, out=o)
-
-            calls = [lambda x=x, o=o: call(x, o) for x, o in zip(buffers, outs, strict=True)]
-            calls[0]()
-            exact[pdl] = torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], K))
-            times[pdl].append(graph_time_us(calls, 40))
+            exact[pdl], us = time_settings(buffers, outs, default._replace(pdl=pdl))
+            times[pdl].append(us)
         best = {mode: min(runs) for mode, runs in times.items()}
         lines.append(f"{rows:>4} x {cols:<6}  no PDL {best[topk.PDL_NONE]:6.1f} us  early "
                      f"{best[topk.PDL_EARLY]:6.1f} us  at exit {best[topk.PDL_AT_EXIT]:6.1f} us  "

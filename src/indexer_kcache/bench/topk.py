@@ -44,6 +44,24 @@ def run_gpu(result: dict, calls: int = 40, shapes=SHAPES, k: int = K) -> None:
         del buffers, outs
 
 
+def time_settings(buffers: list, outs: list, settings, k: int = K,
+                  calls: int = 40) -> tuple[bool, float]:
+    """(exact, GPU us a call) of ``top_k_indices`` under ``settings`` (a ``TopKSettings``)
+    over ``buffers`` (their ``outs``): the first call's indices against the reference,
+    then the graph time, as the bench times the default."""
+    from .. import topk
+    from ..reference import topk as reference_topk
+
+    def call(x, o):
+        with topk.topk_settings.override(settings):
+            top_k_indices(x, k, out=o)
+
+    fns = [lambda x=x, o=o: call(x, o) for x, o in zip(buffers, outs, strict=True)]
+    fns[0]()
+    exact = torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], k))
+    return exact, graph_time_us(fns, calls)
+
+
 def format_table(result: dict) -> str:
     rows = [r for r in result["records"] if r["op"] == "topk"]
     copy = result["copy_GBps"]
