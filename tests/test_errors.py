@@ -119,13 +119,22 @@ def test_numpy_scalars_are_named_with_their_module(change, words, fast):
     """The public function takes Python bools and ints; a numpy scalar is a TypeError that
     names its type with the module, on either host path. (A direct ``torch.ops`` call takes
     the op's schema conversions first, as torch does for any op.)"""
-    case = make_case(8, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
-    cache = case.new_cache()
-    before = pages(cache).clone()
-    with fast_path.disabled() if not fast else contextlib.nullcontext():
+    case, cache, before = _small_store()
+    with _host_path(fast):
         with pytest.raises(TypeError, match=words):
             ik.indexer_k_norm_rope_store(*_replace(case.args(cache), **change))
     assert torch.equal(pages(cache), before)
+
+
+def _small_store():
+    """(case, its cache, the cache's pages as they are)."""
+    case = make_case(8, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
+    cache = case.new_cache()
+    return case, cache, pages(cache).clone()
+
+
+def _host_path(fast: bool):
+    return contextlib.nullcontext() if fast else fast_path.disabled()
 
 
 # Values the op's schema would convert (to False, to an int, to a float) rather than refuse.
@@ -144,10 +153,8 @@ CONVERTIBLE_OPTIONS = [
 @pytest.mark.parametrize("change, words", [pytest.param(c, w, id=i)
                                            for i, c, w in CONVERTIBLE_OPTIONS])
 def test_options_the_schema_would_convert_are_refused_on_every_path(change, words, fast):
-    case = make_case(8, block_size=16, num_blocks=4, skip_every=0, compress_ratio=1)
-    cache = case.new_cache()
-    before = pages(cache).clone()
-    with fast_path.disabled() if not fast else contextlib.nullcontext():
+    case, cache, before = _small_store()
+    with _host_path(fast):
         with pytest.raises(TypeError, match=words):
             ik.indexer_k_norm_rope_store(*_replace(case.args(cache), **change))
         # Keyword options too: check_bounds=None would turn the bounds check off.

@@ -627,8 +627,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     from indexer_kcache.kernels.topk import (topk_filter_kernel, topk_sample_kernel,
                                              topk_select_kernel)
 
+    # NVIDIA sm_80 (A100) too: no native e4m3 conversions (integer ones), no dependent
+    # launch, the scorer's float32 dots; what the settings choose there.
+    SM80 = GPUTarget("cuda", 80, 32)
     rows = dict(logits_ptr="*fp32", row_stride="i32", cols="i32", lengths_ptr="*i32")
-    for target, pdl in ((SM90, 2), (GFX942, 0)):
+    for target, pdl in ((SM90, 2), (GFX942, 0), (SM80, 0)):
         common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=pdl)
         compile_(topk_sample_kernel, dict(rows, k="i32", sample_stride="i32", threshold_ptr="*i32",
                                           cand_count_ptr="*i32", meta_ptr="*i64",
@@ -640,15 +643,15 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                           meta_ptr="*i64", counts_ptr="*i32",
                                           cand_slot_ptr="*i32"),
                  dict(common, BLOCK=1024, BUCKETS=4096), target, num_warps=4)
-    compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
-                                      cand_count_ptr="*i32", capacity="i32", cand_slot_ptr="*i32",
-                                      scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
-                                      out_ptr="*i32", out_row_stride="i32"),
-             dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
-                  BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=1), SM90, num_warps=8)
-    # NVIDIA sm_80 (A100): no native e4m3 conversions (integer ones), no dependent launch,
-    # the scorer's float32 dots; what the settings choose there.
-    SM80 = GPUTarget("cuda", 80, 32)
+    for target, pdl in ((SM90, 1), (SM80, 0)):
+        compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
+                                          cand_count_ptr="*i32", capacity="i32",
+                                          cand_slot_ptr="*i32", scratch_ptr="*i64",
+                                          counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
+                                          out_row_stride="i32"),
+                 dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
+                      BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=pdl), target,
+                 num_warps=8)
     for store_constexprs, types in (({"COMPRESS_RATIO": 1, "USE_FP4": False}, {}),
                                     ({}, {"k_pre_ptr": "*fp32"})):
         compile_(indexer_k_store_kernel, dict(store, **types),
@@ -664,17 +667,6 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         compile_(paged_mqa_logits_kernel,
                  dict(pointers, **scalars, **({"q_ptr": "*i16"} if q_form == 0 else {})),
                  dict(portable, USE_FP4=use_fp4, Q_FORM=q_form), SM80, num_warps=4, num_stages=2)
-    common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=0)
-    compile_(topk_filter_kernel, dict(rows, split_cols="i32", threshold_ptr="*i32",
-                                      cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32",
-                                      meta_ptr="*i64", counts_ptr="*i32", cand_slot_ptr="*i32"),
-             dict(common, BLOCK=1024, BUCKETS=4096), SM80, num_warps=4)
-    compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
-                                      cand_count_ptr="*i32", capacity="i32", cand_slot_ptr="*i32",
-                                      scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
-                                      out_ptr="*i32", out_row_stride="i32"),
-             dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
-                  BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=0), SM80, num_warps=8)
     print("compiled")
 """)
 
@@ -687,8 +679,8 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer for sm_90 and sm_100, the top-k's select and rank
     kernels for sm_90, its sample and filter kernels for sm_90 and gfx942; the store, a
-    reader, the scorer's float32 dots and the top-k's filter and select for sm_80 (integer
-    conversions, no dependent launch). Nothing runs."""
+    reader, the scorer's float32 dots and the top-k's sample, filter and select for sm_80
+    (integer conversions, no dependent launch). Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")

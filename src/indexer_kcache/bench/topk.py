@@ -5,6 +5,8 @@ logits from device memory; ``bytes`` counts the logits read."""
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ..topk import top_k_indices
@@ -22,6 +24,12 @@ def make_logits(rows: int, cols: int, device, seed: int = 0) -> list[torch.Tenso
     return [torch.randn(rows, cols, generator=g, device=device) for _ in range(count)]
 
 
+def logits_and_outputs(rows: int, cols: int, device, k: int = K) -> tuple[list, list]:
+    """``make_logits`` and an int32 ``[rows, k]`` output for each buffer."""
+    buffers = make_logits(rows, cols, device)
+    return buffers, [torch.empty(rows, k, dtype=torch.int32, device=device) for _ in buffers]
+
+
 def run_gpu(result: dict, calls: int = 40, shapes=SHAPES, k: int = K) -> None:
     """Time ours and torch.topk at every shape into ``result["records"]``; any row that
     differs from the reference is named in ``result["byte_mismatches"]``."""
@@ -29,8 +37,7 @@ def run_gpu(result: dict, calls: int = 40, shapes=SHAPES, k: int = K) -> None:
     from ..reference import topk as reference_topk
 
     for rows, cols in progress(shapes, "topk"):
-        buffers = make_logits(rows, cols, device)
-        outs = [torch.empty(rows, k, dtype=torch.int32, device=device) for _ in buffers]
+        buffers, outs = logits_and_outputs(rows, cols, device, k)
         ours = [lambda x=x, o=o: top_k_indices(x, k, out=o) for x, o in zip(buffers, outs, strict=True)]
         ours[0]()
         if not torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], k)):
@@ -60,6 +67,36 @@ def time_settings(buffers: list, outs: list, settings, k: int = K,
     fns[0]()
     exact = torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], k))
     return exact, graph_time_us(fns, calls)
+
+
+def variant_experiment(name: str, shapes, variants_of, rounds: int, k: int = K) -> None:
+    """The loop of a top-k settings experiment: at each (rows, cols) of ``shapes``,
+    ``variants_of(default)`` gives the variants ({label: settings}), timed in alternation
+    ``rounds`` times (``time_settings``); a line a shape (the median and each round's time,
+    and whether every result equalled the reference), all lines again at the end."""
+    from .. import topk
+
+    device = torch.device("cuda")
+    lines = []
+    for rows, cols in shapes:
+        buffers, outs = logits_and_outputs(rows, cols, device, k)
+        variants = variants_of(topk.topk_settings(rows, cols, k))
+        times = {label: [] for label in variants}
+        exact = True
+        for _ in range(rounds):
+            for label, settings in variants.items():
+                same, us = time_settings(buffers, outs, settings, k)
+                exact &= same
+                times[label].append(us)
+        lines.append(f"{rows:>5} x {cols:<6} " + "  ".join(
+            f"{label} {statistics.median(t):7.2f} us ({' '.join(f'{v:.1f}' for v in t)})"
+            for label, t in times.items()) + ("" if exact else "  MISMATCH"))
+        print(lines[-1], flush=True)
+        del buffers, outs
+        torch.cuda.empty_cache()
+    print(f"# python benchmarks/{name}.py ({torch.cuda.get_device_name()}, torch "
+          f"{torch.__version__}; medians of {rounds} alternated rounds, each round in brackets)")
+    print("\n".join(lines))
 
 
 def format_table(result: dict) -> str:
