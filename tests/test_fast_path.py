@@ -8,9 +8,11 @@ compiled kernels directly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -106,6 +108,77 @@ def test_a_tensor_subclass_goes_through_the_op():
     args[3] = torch.nn.Parameter(case.weight, requires_grad=False)
     ik.indexer_k_norm_rope_store(*args)
     assert torch.equal(pages(got), pages(want))
+
+
+class _Counted(torch.Tensor):
+    """A subclass whose ``__torch_function__`` counts the calls it sees."""
+
+    seen = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if "indexer_kcache" in str(func):
+            cls.seen += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_subclass_sees_every_call_not_only_the_first():
+    """A plan made inside the op from a subclass's tensors is not kept: the next eager call
+    with them goes through the op again (its ``__torch_function__`` sees each call)."""
+    case = make_case(9, block_size=16, num_blocks=2)
+    cache = case.new_cache()
+    args = list(case.args(cache))
+    args[3] = case.weight.as_subclass(_Counted)
+    _Counted.seen = 0
+    for _ in range(3):
+        ik.indexer_k_norm_rope_store(*args)
+    assert _Counted.seen == 3
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "plain-path"])
+def test_lazily_negated_views_are_read_as_their_values(fast):
+    """A negated view (``torch._neg_view``, or the imaginary part of a conjugate) holds the
+    bytes of the other sign: such a call goes through the op, which materialises it."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 40, generator=g)
+    want = ik.top_k_indices(-logits, 5, backend="reference")
+    with contextlib.nullcontext() if fast else fast_path.disabled():
+        assert torch.equal(ik.top_k_indices(torch._neg_view(logits), 5), want)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "plain-path"])
+def test_torch_func_transforms_go_through_the_op(fast):
+    """vmap's batched tensors are ``torch.Tensor`` to Python but hold no storage: the call
+    goes through the op (vmap's per-sample fallback), as on the plain path."""
+    case = make_case(9, block_size=16, num_blocks=2, skip_every=0, compress_ratio=1)
+    cache = case.new_cache()
+    ik.indexer_k_norm_rope_store(*case.args(cache))
+    slots = case.slots[:6].reshape(2, 3)
+    with contextlib.nullcontext() if fast else fast_path.disabled():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no batching rule": the per-sample fallback
+            values, scales = torch.vmap(
+                lambda s: ik.gather_indexer_k(cache, s, False, check_bounds=False))(slots)
+    for row in range(2):
+        want = ik.gather_indexer_k(cache, slots[row], False)
+        assert torch.equal(values[row], want[0]) and torch.equal(scales[row], want[1])
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "plain-path"])
+def test_the_same_errors_on_both_paths(fast):
+    """An int beyond int64 (which no schema takes) is a ValueError naming it, and of two
+    bad arguments the option's type is named first, on either path."""
+    case = make_case(9, block_size=16, num_blocks=2)
+    cache = case.new_cache()
+    before = pages(cache).clone()
+    with contextlib.nullcontext() if fast else fast_path.disabled():
+        with pytest.raises(ValueError, match="mxfp4_n_per_tile: expected an int64"):
+            ik.indexer_k_norm_rope_store(*case.args(cache), 1 << 64)
+        args = list(case.args(cache))
+        args[0], args[4] = case.k_pre.double(), True  # a bad dtype and a bad option type
+        with pytest.raises(TypeError, match="rms_norm_eps: expected a float, got bool"):
+            ik.indexer_k_norm_rope_store(*args)
+    assert torch.equal(pages(cache), before)
 
 
 def test_the_last_call_is_reused_only_for_the_same_options_and_tensors():

@@ -152,6 +152,8 @@ def check_int(name: str, value: object, allow_none: bool = False,
         return
     if not isinstance(value, int) or isinstance(value, bool):
         fail_type(name, "an int" + (" or None" if allow_none else ""), type_name(value))
+    if not -(1 << 63) <= value < 1 << 63:  # what an op's schema takes
+        fail_value(name, "an int64", value)
     if at_least is not None and value < at_least:
         fail_value(name, f">= {at_least}", value)
 

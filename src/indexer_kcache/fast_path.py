@@ -145,13 +145,22 @@ def plain_eager() -> bool:
 
 
 def plain_tensors(tensors: tuple) -> bool:
-    """Whether every tensor is a plain ``torch.Tensor`` with data: no subclass that would
-    expect its own dispatch, no meta tensor (only the op's fake implementation takes
-    those)."""
+    """Whether every tensor is a plain ``torch.Tensor`` with data that means its bytes: no
+    subclass that would expect its own dispatch, no meta tensor (only the op's fake
+    implementation takes those), no lazily negated or conjugated view (the dispatcher
+    materialises those; a kernel would read the bytes as they are), no tensor wrapped by a
+    ``torch.func`` transform (vmap, grad, functionalize: their wrappers are ``torch.Tensor``
+    to Python but hold no storage of their own)."""
     for t in tensors:
-        if type(t) is not torch.Tensor or t.is_meta:
+        if (type(t) is not torch.Tensor or t.is_meta or t.is_neg() or t.is_conj()
+                or (_functorch_wrapped is not None and _functorch_wrapped(t))):
             return False
     return True
+
+
+# (Absent from a torch this module does not know, whose calls all take the plain path.)
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None),
+                             "is_functorch_wrapped_tensor", None)
 
 
 def installed_hook(hook):

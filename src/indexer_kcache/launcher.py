@@ -216,12 +216,16 @@ class Op:
         except TypeError:  # an unhashable option: never kept
             pass
         if plan is None:
-            if eager and not fast_path.plain_tensors(tensors):
+            plain = fast_path.plain_tensors(tensors)
+            if eager and not plain:
                 return self.through_op(call)
+            self.check_option_types(call)  # first, as on the way through the op
             plan = self.check(call)
             if token_dims is not None:
                 plans.token_dims = token_dims
-            found = plans.keep(options, tensors, plan)
+            # A plan of other tensors (a subclass inside the op) is not kept: a later eager
+            # call with them must go through the op again.
+            found = plans.keep(options, tensors, plan) if plain else None
         if eager and found is not None and self._optional is None:
             plans.last[0] = (plan, found.check, *options[:len(self.option_positions)])
         return self.run(plan, call)
