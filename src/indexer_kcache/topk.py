@@ -62,7 +62,7 @@ SAMPLE_CHUNK = 32  # consecutive columns per piece of the sample (128 bytes of f
 THRESHOLD_BITS = 16  # top key bits the sample's threshold is given to
 STREAM_BLOCK = 4096  # columns per step of the radix selection streamed from a row
 RADIX_BITS = 8
-RANK_CHUNK = 128  # pairs ranked per program (256 measured slower at every shape)
+RANK_CHUNK = 128  # pairs ranked per program (BENCHMARKS.md, "The rank kernel's chunk")
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
 # The filter kernel buckets the candidates (bucket_in_filter) while it has at most this
