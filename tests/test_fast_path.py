@@ -88,7 +88,9 @@ def test_plain_eager_is_false_under_modes_and_on_the_plain_path():
     t = torch.zeros(2)
     assert fast_path.plain_eager() is fast_path.enabled()
     assert fast_path.plain_tensors((t, t))
-    assert not fast_path.plain_tensors((torch.nn.Parameter(t), t))
+    assert fast_path.plain_tensors((torch.nn.Parameter(t), t))  # no dispatch of its own
+    assert not fast_path.plain_tensors((t.as_subclass(_Counted), t))
+    assert not fast_path.plain_tensors((torch._neg_view(t), t))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -97,17 +99,24 @@ def test_plain_eager_is_false_under_modes_and_on_the_plain_path():
         assert not fast_path.plain_eager()
 
 
-def test_a_tensor_subclass_goes_through_the_op():
-    """A plain eager call with a tensor subclass does not run the implementation directly
-    (the subclass may expect its own dispatch): the same bytes through the op."""
+def test_a_parameter_counts_as_a_plain_tensor(monkeypatch):
+    """``nn.Parameter`` (a norm layer's weight) has no dispatch of its own: its calls keep
+    their plan and take the fast path like plain tensors (one full check for three calls),
+    with the same bytes."""
     case = make_case(9, block_size=16, num_blocks=2)
     want = case.new_cache()
     ik.indexer_k_norm_rope_store(*case.args(want))
     got = case.new_cache()
     args = list(case.args(got))
     args[3] = torch.nn.Parameter(case.weight, requires_grad=False)
-    ik.indexer_k_norm_rope_store(*args)
+    op = ik.indexer_k_norm_rope_store.op
+    op.plans.clear()
+    checks = []
+    monkeypatch.setattr(op, "check", lambda call, check=op.check: checks.append(1) or check(call))
+    for _ in range(3):
+        ik.indexer_k_norm_rope_store(*args)
     assert torch.equal(pages(got), pages(want))
+    assert len(checks) == (1 if fast_path.enabled() else 3)
 
 
 class _Counted(torch.Tensor):
@@ -144,6 +153,10 @@ def test_lazily_negated_views_are_read_as_their_values(fast):
     want = ik.top_k_indices(-logits, 5, backend="reference")
     with contextlib.nullcontext() if fast else fast_path.disabled():
         assert torch.equal(ik.top_k_indices(torch._neg_view(logits), 5), want)
+        # A negated view to be written: the op cannot write its bytes, a ValueError names it.
+        out = torch.empty(2, 5, dtype=torch.int32)
+        with pytest.raises(ValueError, match="out: expected a tensor without the lazy negation"):
+            ik.top_k_indices(logits, 5, out=torch._neg_view(out))
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "plain-path"])

@@ -639,6 +639,19 @@ def test_deepgemm_entry_point_as_engines_call_it(fmt, q_form):
         assert torch.equal(bare, want)
 
 
+def test_deepgemm_entry_point_reads_the_row_major_layout_where_shuffle_is_the_default(
+        monkeypatch):
+    """On ROCm ``shuffle=None`` means a shuffled page layout; DeepGEMM's entry point reads
+    its row-major layout everywhere (the default forced on here, as ROCm would have it)."""
+    call, options = make_call("fp8", "row-major", "e4m3", next_n=1, seed=13)
+    want = paged_mqa_logits(**call, **options)
+    kv_cache, weights, lens, table, schedule = _deepgemm_args(call)
+    monkeypatch.setattr(ik.checks, "default_shuffle", lambda device, block_size: True)
+    got = compat.fp8_fp4_paged_mqa_logits(call["q"], kv_cache, weights, lens, table, schedule,
+                                          call["max_model_len"], clean_logits=True)
+    assert torch.equal(got, want)
+
+
 def test_poisoned_keys_score_nan():
     """A NaN scale (UE8M0 byte 255, an fp32 NaN) makes its key's logits NaN, and only its."""
     for fmt in ("fp8", "fp8-mx", "mxfp4"):

@@ -96,7 +96,7 @@ def test_gather_by_blocks_follows_the_block_table(fmt, layout_name, backend, ind
 def test_gather_by_blocks_with_more_chunks_than_the_grid_holds(fmt, monkeypatch):
     """A sequence of more than ``MAX_GRID_Y`` chunks (2M tokens on CUDA) is gathered by
     programs that take several chunks each: here the cap is lowered to 2 programs a
-    sequence, for up to 6 chunks."""
+    sequence, for sequences of up to 3 chunks (BLOCK_R = 64 under the interpreter) or 6."""
     monkeypatch.setattr(launcher, "MAX_GRID_Y", 2)
     block_size, num_blocks = 64, 5
     case, cache, *_ , options = written_case(fmt, "row-major", num_tokens=300,

@@ -145,17 +145,34 @@ def plain_eager() -> bool:
 
 
 def plain_tensors(tensors: tuple) -> bool:
-    """Whether every tensor is a plain ``torch.Tensor`` with data that means its bytes: no
-    subclass that would expect its own dispatch, no meta tensor (only the op's fake
-    implementation takes those), no lazily negated or conjugated view (the dispatcher
+    """Whether every tensor is a plain ``torch.Tensor`` (or ``nn.Parameter``) with data that
+    means its bytes: no subclass that would expect its own dispatch, no meta tensor (only
+    the op's fake implementation takes those), no lazily negated or conjugated view (the dispatcher
     materialises those; a kernel would read the bytes as they are), no tensor wrapped by a
     ``torch.func`` transform (vmap, grad, functionalize: their wrappers are ``torch.Tensor``
     to Python but hold no storage of their own)."""
     for t in tensors:
-        if (type(t) is not torch.Tensor or t.is_meta or t.is_neg() or t.is_conj()
+        kind = type(t)
+        if (kind is not torch.Tensor and not _plain_kind(kind)
+                or t.is_meta or t.is_neg() or t.is_conj()
                 or (_functorch_wrapped is not None and _functorch_wrapped(t))):
             return False
     return True
+
+
+def _plain_kind(kind: type) -> bool:
+    """A subclass that dispatches as ``torch.Tensor`` does (``nn.Parameter``: torch-function
+    and torch-dispatch handling both off) counts as plain; the answer is kept per type."""
+    plain = _PLAIN_KINDS.get(kind)
+    if plain is None:
+        plain = _PLAIN_KINDS[kind] = bool(
+            issubclass(kind, torch.Tensor)
+            and kind.__torch_function__ is torch._C._disabled_torch_function_impl
+            and kind.__torch_dispatch__ is torch.Tensor.__torch_dispatch__)
+    return plain
+
+
+_PLAIN_KINDS: dict[type, bool] = {}
 
 
 # (Absent from a torch this module does not know, whose calls all take the plain path.)

@@ -154,6 +154,7 @@ class Op:
         self._token_dims = token_dims
         self.tensor_positions, self.option_positions = required, other
         self._option_checks = _option_checks(declaration, [(i, names[i]) for i in other])
+        self._mutated = [(names.index(name), name) for name in mutates]
         self.bind = _binder(self.name, signature, self.Call, lambda call: call)
         self.entry = _entry(self, signature)
         functools.update_wrapper(self.entry, declaration)
@@ -166,13 +167,26 @@ class Op:
     def check_option_types(self, call) -> None:
         """The options' Python types, as the op's checks take them. The op's schema would
         convert some values instead of refusing them (None or a 0-d tensor to a bool, True
-        to an int, a tensor to a float) before its checks could see them."""
-        for index, check in self._option_checks:
-            check(call[index])
+        to an int, a tensor to a float) before its checks could see them. (A value of the
+        exact type named costs a set lookup; any other meets the full check.)"""
+        for index, exact, check in self._option_checks:
+            value = call[index]
+            if type(value) not in exact:
+                check(value)
+
+    def check_mutated_views(self, call) -> None:
+        """A tensor the op writes may not be a lazily negated or conjugated view (the
+        dispatcher cannot hand its bytes to the op; a kernel would write them unnegated)."""
+        for index, name in self._mutated:
+            t = call[index]
+            if isinstance(t, torch.Tensor) and (t.is_neg() or t.is_conj()):
+                checks.fail_value(name, "a tensor without the lazy negation or conjugation bit "
+                                  "(the op writes its bytes)", "a view with it")
 
     def through_op(self, call):
         """Call the torch.library op (it runs ``implementation`` or, tracing, ``_fake``)."""
         self.check_option_types(call)
+        self.check_mutated_views(call)
         args = [call[i] for i in self._positional]
         kwargs = {name: call[i] for i, name in self._keywords}
         try:
@@ -237,22 +251,25 @@ class Op:
 
 
 def _option_checks(declaration: Callable, options: list[tuple[int, str]]) -> list:
-    """(index, check) of the declared options whose values the schema would convert: bools,
-    ints and floats (each optionally None), by their annotations."""
+    """(index, exact types that pass at once, check) of the declared options whose values
+    the schema would convert: bools, ints and floats (each optionally None), by their
+    annotations. Ints always meet their check (its int64 range)."""
     hints = typing.get_type_hints(declaration)
     found = []
     for index, name in options:
         hint = hints.get(name)
         allow_none = type(None) in typing.get_args(hint)
         kinds = {k for k in (typing.get_args(hint) or (hint,)) if k is not type(None)}
+        exact = frozenset(kinds | ({type(None)} if allow_none else set())) - {int}
         if kinds == {bool}:
-            found.append((index, functools.partial(checks.check_flag, name,
-                                                   allow_none=allow_none)))
+            found.append((index, exact, functools.partial(checks.check_flag, name,
+                                                          allow_none=allow_none)))
         elif kinds == {int}:
-            found.append((index, functools.partial(checks.check_int, name,
-                                                   allow_none=allow_none)))
+            found.append((index, exact, functools.partial(checks.check_int, name,
+                                                          allow_none=allow_none)))
         elif kinds == {float}:
-            found.append((index, functools.partial(_check_real, name, allow_none=allow_none)))
+            found.append((index, exact, functools.partial(_check_real, name,
+                                                          allow_none=allow_none)))
     return found
 
 
