@@ -91,6 +91,8 @@ def test_plain_eager_is_false_under_modes_and_on_the_plain_path():
     assert fast_path.plain_tensors((torch.nn.Parameter(t), t))  # no dispatch of its own
     assert not fast_path.plain_tensors((t.as_subclass(_Counted), t))
     assert not fast_path.plain_tensors((torch._neg_view(t), t))
+    assert not fast_path.plain_tensors((torch._efficientzerotensor((2,)), t))  # no storage
+    assert not fast_path.plain_tensors((torch._to_functional_tensor(t), t))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():

@@ -147,14 +147,16 @@ def plain_eager() -> bool:
 def plain_tensors(tensors: tuple) -> bool:
     """Whether every tensor is a plain ``torch.Tensor`` (or ``nn.Parameter``) with data that
     means its bytes: no subclass that would expect its own dispatch, no meta tensor (only
-    the op's fake implementation takes those), no lazily negated or conjugated view (the dispatcher
-    materialises those; a kernel would read the bytes as they are), no tensor wrapped by a
+    the op's fake implementation takes those), no lazily negated or conjugated view (the
+    dispatcher materialises those; a kernel would read the bytes as they are), no
+    storage-less zero tensor (autograd's), no functional tensor, no tensor wrapped by a
     ``torch.func`` transform (vmap, grad, functionalize: their wrappers are ``torch.Tensor``
     to Python but hold no storage of their own)."""
     for t in tensors:
         kind = type(t)
         if (kind is not torch.Tensor and not _plain_kind(kind)
-                or t.is_meta or t.is_neg() or t.is_conj()
+                or t.is_meta or t.is_neg() or t.is_conj() or t._is_zerotensor()
+                or torch._is_functional_tensor(t)
                 or (_functorch_wrapped is not None and _functorch_wrapped(t))):
             return False
     return True

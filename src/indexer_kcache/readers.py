@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checks, launcher, layout, reference
+from . import checks, fast_path, launcher, layout, reference
 from .kernels import INTERPRETED, gather_indexer_k_kernel
 from .launcher import Kernel, Launch, declare_op
 
@@ -25,9 +25,17 @@ BLOCK_R = 64 if INTERPRETED else 32  # rows per program
 GATHER_KERNEL = Kernel(gather_indexer_k_kernel)
 
 
-@functools.cache
 def _unused(device: torch.device) -> torch.Tensor:
-    """A pointer for the kernel's arguments a mode never reads (kept, so its address holds)."""
+    """A pointer for the kernel's arguments a mode never reads (kept, so its address holds).
+    While a dispatch mode is on (a trace's fake tensors) the tensor is the mode's, made for
+    that plan alone: a kept one would stand in for real memory in later plans."""
+    if fast_path.dispatch_modes():
+        return torch.empty(16, dtype=torch.uint8, device=device)
+    return _unused_kept(device)
+
+
+@functools.cache
+def _unused_kept(device: torch.device) -> torch.Tensor:
     return torch.empty(16, dtype=torch.uint8, device=device)
 
 
