@@ -8,6 +8,8 @@ byte of the cache is touched.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from . import layout
@@ -143,6 +145,14 @@ def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
     if num_blocks > 1 and k_cache.stride(0) < block_size * row_bytes:
         fail_value("k_cache.stride(0)", f">= block_size * row_bytes = {block_size * row_bytes}",
                    k_cache.stride(0))
+
+
+def check_real(name: str, value: object, allow_none: bool = False) -> None:
+    """A real number (int or float, not a bool), or None where allowed."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        fail_type(name, "a float" + (" or None" if allow_none else ""), type_name(value))
 
 
 def check_int(name: str, value: object, allow_none: bool = False,

@@ -42,7 +42,6 @@ import collections
 import contextlib
 import functools
 import inspect
-import numbers
 import sys
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -268,17 +267,10 @@ def _option_checks(declaration: Callable, options: list[tuple[int, str]]) -> lis
             found.append((index, exact, functools.partial(checks.check_int, name,
                                                           allow_none=allow_none)))
         elif kinds == {float}:
-            found.append((index, exact, functools.partial(_check_real, name,
+            found.append((index, exact, functools.partial(checks.check_real, name,
                                                           allow_none=allow_none)))
     return found
 
-
-def _check_real(name: str, value: object, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        checks.fail_type(name, "a float" + (" or None" if allow_none else ""),
-                         checks.type_name(value))
 
 
 def _getter(indices: list[int]) -> Callable[[tuple], tuple]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
 from . import checks, layout, reference
-from .checks import fail_type, fail_value
+from .checks import fail_value
 from .kernels import INTERPRETED, indexer_k_store_kernel
 from .launcher import Kernel, Launch, declare_op, tunable
 
@@ -110,8 +109,7 @@ def check_store(call) -> StorePlan:
         fail_value("rms_norm_weight", f"shape [{layout.HEAD_DIM}]", f"shape {tuple(weight.shape)}")
     if weight.stride(0) != 1:
         fail_value("rms_norm_weight.stride(0)", "1", weight.stride(0))
-    if not isinstance(call.rms_norm_eps, numbers.Real) or isinstance(call.rms_norm_eps, bool):
-        fail_type("rms_norm_eps", "a float", checks.type_name(call.rms_norm_eps))
+    checks.check_real("rms_norm_eps", call.rms_norm_eps)
     # NaN fails too (it would poison every key), and so does a value float32 cannot hold
     # (the kernels add it in float32: it would zero every key).
     if not 0 <= call.rms_norm_eps <= FLOAT32_MAX:

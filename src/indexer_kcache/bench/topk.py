@@ -5,6 +5,7 @@ logits from device memory; ``bytes`` counts the logits read."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
@@ -34,17 +35,13 @@ def run_gpu(result: dict, calls: int = 40, shapes=SHAPES, k: int = K) -> None:
     """Time ours and torch.topk at every shape into ``result["records"]``; any row that
     differs from the reference is named in ``result["byte_mismatches"]``."""
     device = torch.device("cuda")
-    from ..reference import topk as reference_topk
-
     for rows, cols in progress(shapes, "topk"):
         buffers, outs = logits_and_outputs(rows, cols, device, k)
-        ours = [lambda x=x, o=o: top_k_indices(x, k, out=o) for x, o in zip(buffers, outs, strict=True)]
-        ours[0]()
-        if not torch.equal(outs[0], reference_topk.top_k_indices(buffers[0], k)):
+        exact, us = time_settings(buffers, outs, None, k, calls)
+        if not exact:
             result["byte_mismatches"].append(f"topk {rows}x{cols}")
         record = dict(op="topk", rows=rows, cols=cols, k=k, bytes=rows * cols * 4)
-        result["records"].append(dict(record, impl="indexer_kcache",
-                                      gpu_us=graph_time_us(ours, calls)))
+        result["records"].append(dict(record, impl="indexer_kcache", gpu_us=us))
         theirs = [lambda x=x: torch.topk(x, k, dim=1, sorted=True) for x in buffers]
         result["records"].append(dict(record, impl="torch-topk",
                                       gpu_us=graph_time_us(theirs, calls)))
@@ -53,14 +50,15 @@ def run_gpu(result: dict, calls: int = 40, shapes=SHAPES, k: int = K) -> None:
 
 def time_settings(buffers: list, outs: list, settings, k: int = K,
                   calls: int = 40) -> tuple[bool, float]:
-    """(exact, GPU us a call) of ``top_k_indices`` under ``settings`` (a ``TopKSettings``)
-    over ``buffers`` (their ``outs``): the first call's indices against the reference,
-    then the graph time, as the bench times the default."""
+    """(exact, GPU us a call) of ``top_k_indices`` under ``settings`` (a ``TopKSettings``;
+    None: the default) over ``buffers`` (their ``outs``): the first call's indices against
+    the reference, then the graph time."""
     from .. import topk
     from ..reference import topk as reference_topk
 
     def call(x, o):
-        with topk.topk_settings.override(settings):
+        with (contextlib.nullcontext() if settings is None
+              else topk.topk_settings.override(settings)):
             top_k_indices(x, k, out=o)
 
     fns = [lambda x=x, o=o: call(x, o) for x, o in zip(buffers, outs, strict=True)]
