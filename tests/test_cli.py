@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from indexer_kcache import __main__ as cli
@@ -13,6 +14,20 @@ from indexer_kcache import bench, demo, layout
 def test_usage_without_a_command(capsys):
     assert cli.main([]) == 2
     assert "demo" in capsys.readouterr().out
+
+
+def test_usage_names_every_bench_section(capsys):
+    cli.main([])
+    out = capsys.readouterr().out
+    assert all(section in out for section in ("store", "readers", "scorer", "top-k"))
+
+
+def test_demo_help_prints_help_and_runs_nothing(capsys, monkeypatch):
+    monkeypatch.setattr(demo, "run_case", lambda *a, **k: pytest.fail("the demo ran"))
+    with pytest.raises(SystemExit) as exit_:
+        demo.main(["--help"])
+    assert exit_.value.code == 0
+    assert "usage: python -m indexer_kcache demo" in capsys.readouterr().out
 
 
 def test_demo_batch_writes_one_key_per_group():

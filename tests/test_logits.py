@@ -330,10 +330,10 @@ def op_call(call: dict, options: dict):
 VARIANTS = {"rows": VARIANT_ROWS, "stacked": VARIANT_STACKED}
 
 
-def run_native(call: dict, options: dict, variant: int):
-    """The native (tensor-core) path of ``call`` in the given launch form: under the
-    interpreter, with integer decoding in place of the inline PTX; on a GPU, as it runs
-    there. Returns ``out``."""
+def run_native(call: dict, options: dict, variant: int, **changes):
+    """The native (tensor-core) path of ``call`` in the given launch form (and other
+    ``changes`` of its settings): under the interpreter, with integer decoding in place of
+    the inline PTX; on a GPU, as it runs there. Returns ``out``."""
     arguments = op_call(call, options)
     plan = check_logits(arguments)
     if INTERPRETED:
@@ -342,7 +342,7 @@ def run_native(call: dict, options: dict, variant: int):
         pytest.skip("no native dots on this GPU")
     settings = logits_settings(plan.batch, plan.next_n, plan.heads, plan.num_cols,
                                plan.use_fp4_cache, plan.q_form, plan.sm_count, INTERPRETED,
-                               True)._replace(variant=variant)
+                               True)._replace(variant=variant, **changes)
     with logits_settings.override(settings):
         run_logits(plan, arguments)
     return arguments.out
@@ -412,11 +412,11 @@ def test_dependent_launch_mode_reaches_the_launch(monkeypatch, mode):
     plan = check_logits(op_call(call, options))
     settings = logits_module.settings_for(plan)._replace(pdl=mode)
     monkeypatch.setattr(logits_module.checks, "pdl_supported", lambda device: False)
-    launch, _ = logits_module._logits_launch(plan, settings, True)
+    launch, _, _ = logits_module._logits_launch(plan, settings, True)
     assert launch.state.fixed["USE_PDL"] == 0
     assert "launch_pdl" not in launch.state.launch_options
     monkeypatch.setattr(logits_module.checks, "pdl_supported", lambda device: True)
-    launch, _ = logits_module._logits_launch(plan, settings, True)
+    launch, _, _ = logits_module._logits_launch(plan, settings, True)
     assert launch.state.fixed["USE_PDL"] == mode
     assert launch.state.launch_options.get("launch_pdl", False) == (mode != 0)
 
@@ -433,6 +433,31 @@ def test_stacked_rows_native(fmt, q_form, next_n, heads, ctx_2d):
                               seed=30 + next_n)
     want, bound = expected(call, options)
     assert_close(run_native(call, options, VARIANT_STACKED), want, bound)
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["exact-fold", "inexact-fold"])
+@pytest.mark.parametrize("next_n, heads", [(1, 8), (3, 5)], ids=["n1-h8", "n3-h5"])
+@pytest.mark.parametrize("fmt, q_form", [("mxfp4", "mxfp4"), ("mxfp4", "e4m3-mx"),
+                                         ("fp8-mx", "e4m3-mx"), ("fp8", "mxfp4")],
+                         ids=["mxfp4-q_mxfp4", "mxfp4-q_e4m3-mx", "fp8-mx-q_e4m3-mx",
+                              "fp8-q_mxfp4"])
+def test_prefolded_queries_score_the_same_bits(fmt, q_form, next_n, heads, spread):
+    """Scaled queries folded once per row group by their own kernel give the logits of the
+    fold in every program, bit for bit, both where the fold is exact and where a head's
+    group exponents lie too far apart for it (every program then rescans per group)."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=next_n, heads=heads,
+                              block_size=64, num_blocks=6, max_blocks=3, seed=70 + next_n)
+    if spread:  # one group of one head 40 binades below its others: no e4m3 holds both
+        values, scales = call["q"]
+        exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()
+        exponents[0, 0, heads - 1, 2] = 80
+        exponents[0, 0, heads - 1, :2] = 130
+        call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
+    want, bound = expected(call, options)
+    folded_here = run_native(call, options, VARIANT_STACKED, prefold=False).clone()
+    folded_before = run_native(call, options, VARIANT_STACKED, prefold=True)
+    assert_close(folded_before, want, bound)
+    torch.testing.assert_close(folded_before, folded_here, rtol=0, atol=0, equal_nan=True)
 
 
 def spread_group_scales(cache: torch.Tensor, options: dict, slots, drop: int) -> torch.Tensor:

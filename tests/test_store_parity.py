@@ -585,7 +585,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                   num_rows="i32", block_table_ptr="*i64", block_table_row_stride="i32",
                   block_table_cols="i32", cu_seq_lens_ptr="*i64", values_ptr="*u8",
                   scales_ptr="*u8", dequant_ptr="*fp32")
-    for target, by_blocks in ((SM90, False), (GFX942, False), (SM90, True)):
+    for target, by_blocks in ((SM90, False), (SM100, False), (GFX942, False), (SM90, True)):
         compile_(gather_indexer_k_kernel, gather,
                  dict(USE_FP4=True, MX_SCALES=False, LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=32,
                       D_PER_TILE=4, SCALE_LANES=1, BLOCK_SIZE=64, BY_BLOCKS=by_blocks,
@@ -597,16 +597,30 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     from indexer_kcache.kernels.topk import topk_rank_kernel
 
     pointers = dict(q_ptr="*u8", qs_ptr="*i32", w_ptr="*fp32", cache_ptr="*u8", ctx_ptr="*i32",
-                    table_ptr="*i32", out_ptr="*fp32")
+                    table_ptr="*i32", out_ptr="*fp32", fold_ptr="*u8", fold_scale_ptr="*fp32",
+                    fold_exact_ptr="*i32")
     constexprs = dict(NEXT_N=1, ROWS=1, CTX_2D=False, Q_FORM=1, W_BF16=False, USE_FP4=True,
                       MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
                       BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
                       SCALE_WORDS=True, VARIANT=1, WARPS=4, HAS_BLOCKS=True, USE_PDL=2,
-                      RELU_BY_ABS=True, HINT_TILES=4)
+                      RELU_BY_ABS=True, HINT_TILES=4, PREFOLDED=False)
     scalars = {name: "i32" for name in paged_mqa_logits_kernel.arg_names
                if name not in pointers and name not in constexprs}
     compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,
              num_stages=6, maxnreg=96)
+    # MXFP4 queries folded ahead by their own kernel (sm_90 and sm_100).
+    from indexer_kcache.kernels.logits import fold_queries_kernel
+
+    for target in (SM90, SM100):
+        compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+                 dict(constexprs, Q_FORM=3, HINT_TILES=0, PREFOLDED=True), target, num_warps=4,
+                 num_stages=6, maxnreg=128)
+        compile_(fold_queries_kernel, dict(q_ptr="*u8", q_sb="i32", q_si="i32", q_sh="i32",
+                                           qs_ptr="*i32", qs_sb="i32", qs_si="i32",
+                                           fold_ptr="*u8", fold_scale_ptr="*fp32",
+                                           fold_exact_ptr="*i32", heads="i32"),
+                 dict(NEXT_N=1, ROWS=1, Q_FORM=3, USE_FP4=True, HP=64, USE_PDL=1), target,
+                 num_warps=4)
     # FP8 keys, four rows of per-row context lengths, two tiles hinted (sm_90 and sm_100:
     # the settings hint wherever they launch dependently).
     for target in (SM90, SM100):
@@ -620,10 +634,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         compile_(paged_mqa_logits_kernel, dict(pointers, **scalars, q_ptr="*i16"),
                  dict(constexprs, Q_FORM=0, USE_FP4=use_fp4, RELU_BY_ABS=False, HINT_TILES=0,
                       USE_PDL=0), SM89, num_warps=4, num_stages=6)
-    compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
-                                    out_ptr="*i32", out_row_stride="i32"),
-             dict(BLOCK=4096, CHUNK=256, WIDTH=4, USE_PDL=1), SM90, num_warps=4)
-    # The top-k's other kernels with the candidates bucketed by the filter (sm_90 and gfx942).
+    # The top-k's kernels, the candidates bucketed by the filter, on every target.
     from indexer_kcache.kernels.topk import (topk_filter_kernel, topk_sample_kernel,
                                              topk_select_kernel)
 
@@ -631,7 +642,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     # launch, the scorer's float32 dots; what the settings choose there.
     SM80 = GPUTarget("cuda", 80, 32)
     rows = dict(logits_ptr="*fp32", row_stride="i32", cols="i32", lengths_ptr="*i32")
-    for target, pdl in ((SM90, 2), (GFX942, 0), (SM80, 0)):
+    targets = ((SM90, 2), (SM100, 2), (GFX942, 0), (SM80, 0))
+    for target, pdl in targets:
         common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=pdl)
         compile_(topk_sample_kernel, dict(rows, k="i32", sample_stride="i32", threshold_ptr="*i32",
                                           cand_count_ptr="*i32", meta_ptr="*i64",
@@ -643,7 +655,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                           meta_ptr="*i64", counts_ptr="*i32",
                                           cand_slot_ptr="*i32"),
                  dict(common, BLOCK=1024, BUCKETS=4096), target, num_warps=4)
-    for target, pdl in ((SM90, 1), (SM80, 0)):
+    for target, pdl in targets:
         compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
                                           cand_count_ptr="*i32", capacity="i32",
                                           cand_slot_ptr="*i32", scratch_ptr="*i64",
@@ -652,6 +664,9 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                  dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
                       BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=pdl), target,
                  num_warps=8)
+        compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
+                                        out_ptr="*i32", out_row_stride="i32"),
+                 dict(BLOCK=4096, CHUNK=128, WIDTH=4, USE_PDL=min(pdl, 1)), target, num_warps=4)
     for store_constexprs, types in (({"COMPRESS_RATIO": 1, "USE_FP4": False}, {}),
                                     ({}, {"k_pre_ptr": "*fp32"})):
         compile_(indexer_k_store_kernel, dict(store, **types),
@@ -663,10 +678,13 @@ _COMPILE_SCRIPT = textwrap.dedent("""
              SM80, num_warps=4)
     portable = dict(constexprs, NATIVE=False, VARIANT=0, BLOCK_N=32, NUM_STAGES=2, USE_PDL=0,
                     RELU_BY_ABS=False, HINT_TILES=0)
-    for use_fp4, q_form in ((False, 1), (True, 0)):
-        compile_(paged_mqa_logits_kernel,
-                 dict(pointers, **scalars, **({"q_ptr": "*i16"} if q_form == 0 else {})),
-                 dict(portable, USE_FP4=use_fp4, Q_FORM=q_form), SM80, num_warps=4, num_stages=2)
+    # (AMD gfx942 takes the same float32 dots: no native FP8 dots there.)
+    for target in (SM80, GFX942):
+        for use_fp4, q_form in ((False, 1), (True, 0)):
+            compile_(paged_mqa_logits_kernel,
+                     dict(pointers, **scalars, **({"q_ptr": "*i16"} if q_form == 0 else {})),
+                     dict(portable, USE_FP4=use_fp4, Q_FORM=q_form), target, num_warps=4,
+                     num_stages=2)
     print("compiled")
 """)
 
@@ -677,10 +695,10 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
-    TRITON_INTERPRET; the scorer for sm_90 and sm_100, the top-k's select and rank
-    kernels for sm_90, its sample and filter kernels for sm_90 and gfx942; the store, a
-    reader, the scorer's float32 dots and the top-k's sample, filter and select for sm_80
-    (integer conversions, no dependent launch). Nothing runs."""
+    TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100 (bf16 queries for
+    sm_89), its float32 dots for sm_80 and gfx942; all four top-k kernels for sm_80, sm_90,
+    sm_100 and gfx942; the store and a reader for sm_80 too (integer conversions, no
+    dependent launch). Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")

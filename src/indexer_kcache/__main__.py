@@ -10,8 +10,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("demo", "bench"):
         print("usage: python -m indexer_kcache {demo,bench} [options]\n"
-              "  demo   store a realistic batch in every format, check it, read it back\n"
-              "  bench  time the store and the readers (GPU; a tiny CPU sweep without one)")
+              "  demo   store a realistic batch in every format, check it, read it back,\n"
+              "         score it, pick its top-k\n"
+              "  bench  time the store, the readers, the scorer and the top-k against their\n"
+              "         peers (GPU; a tiny CPU sweep without one; --help for its options)")
         return 2
     import torch
 

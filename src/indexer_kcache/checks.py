@@ -9,11 +9,16 @@ byte of the cache is touched.
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import torch
 
 from . import layout
 from .kernels import INTERPRETED, dependent_launch
+
+# An op's call: the named tuple of its declared arguments, one type per op, made by the
+# launcher when the op is declared (``launcher.Op.Call``), read by name (``call.k_cache``).
+OpCall = Any
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = (None, "triton", "reference")
@@ -94,7 +99,7 @@ def extent_bytes(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
-def output_extents(call, output: str, inputs: tuple[str | tuple[str, str], ...]
+def output_extents(call: OpCall, output: str, inputs: tuple[str | tuple[str, str], ...]
                    ) -> tuple[tuple[str, str, int], ...]:
     """``(field, name, extent_bytes)`` of the output ``call.<output>``, then of each input
     tensor of ``call`` in ``inputs`` (a field, or ``(field, name in messages)``; ``None``
@@ -105,7 +110,7 @@ def output_extents(call, output: str, inputs: tuple[str | tuple[str, str], ...]
                  if getattr(call, field) is not None)
 
 
-def check_apart(extents: tuple[tuple[str, str, int], ...], call) -> None:
+def check_apart(extents: tuple[tuple[str, str, int], ...], call: OpCall) -> None:
     """The output of ``extents`` (``output_extents``) shares no byte with the inputs: a
     kernel that reads an input while writing over it would read its own results. Compared
     by address ranges, which are exact for dense tensors and err on the side of an error

@@ -109,7 +109,15 @@ def _sync(device) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from .kernels import INTERPRETED
+
+    argparse.ArgumentParser(
+        prog="python -m indexer_kcache demo",
+        description="Store a realistic batch in every format (and float32 keys), check its "
+                    "bytes against the reference, read it back, score it and pick its top-k. "
+                    "No options.").parse_args(argv)
 
     if torch.cuda.is_available():
         device, how = "cuda", f"Triton on {torch.cuda.get_device_name()}"

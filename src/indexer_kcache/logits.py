@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from . import checks, layout
-from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, fail_type, fail_value
+from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, OpCall, fail_type, fail_value
 from .kernels import INTERPRETED
 from .kernels.logits import (
     MAX_ROWS,
@@ -30,6 +30,7 @@ from .kernels.logits import (
     Q_E4M3_MX,
     Q_MXFP4,
     VARIANT_STACKED,
+    fold_queries_kernel,
     paged_mqa_logits_kernel,
 )
 from .launcher import Kernel, Launch, declare_op, tunable
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 LOGITS_KERNEL = Kernel(paged_mqa_logits_kernel)
+FOLD_KERNEL = Kernel(fold_queries_kernel)
 
 MAX_HEADS = 128
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
@@ -82,6 +84,9 @@ class LogitsSettings(NamedTuple):
     # program's first hint_tiles tiles (rounded up to a power of two) asked for into L2
     # before the wait for the previous kernel; 0: none.
     hint_tiles: int = 0
+    # Scaled queries (stacked form): folded to e4m3 once per row group by a kernel of their
+    # own before the scorer, instead of once in every program of the group.
+    prefold: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -201,7 +206,7 @@ def native_dots(device: torch.device) -> bool:
     return checks.native_fp8(device)
 
 
-def check_logits(call) -> LogitsPlan:
+def check_logits(call: OpCall) -> LogitsPlan:
     """Check every argument of ``paged_mqa_logits_into``; return how to run the call.
 
     Raises ``TypeError`` (types, dtypes), ``ValueError`` (shapes, strides, devices,
@@ -313,8 +318,12 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     program, up to ``MAX_TILES_ONE_WAVE`` tiles when that keeps the programs within
     ``PROGRAMS_PER_SM`` per SM.
     Native tile loops pipeline ``DEEP_STAGES`` tiles. Without native dots (float32 tiles
-    in registers) a program takes one row and smaller tiles. The measurements behind the
-    numbers: BENCHMARKS.md, "The scorer".
+    in registers) a program takes one row and smaller tiles. Scaled queries against MXFP4
+    keys are folded in each program, whose programs then take twice the tiles; MXFP4
+    queries against MXFP4 keys, one row a program, are folded once per row by a kernel of
+    their own (``prefold``), and their programs take twice the tiles only when the launch
+    would otherwise need more than one round of them. The measurements behind the numbers:
+    BENCHMARKS.md, "The scorer".
     """
     head_pad = _head_pad(heads)
     q_bytes = layout.HEAD_DIM * head_pad * (2 if q_form == Q_BF16 else 1)
@@ -345,8 +354,14 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
         one_round = -(-tiles // (wanted // row_groups))
         if MAX_TILES < one_round <= MAX_TILES_ONE_WAVE:
             per_program = one_round
-    if native and use_fp4_cache and q_form >= Q_E4M3_MX:
-        per_program *= 2  # folding the queries costs a program more: fewer, longer ones
+    # MXFP4 queries against MXFP4 keys, one row a program, are folded by a kernel of their
+    # own, once per row (measured: BENCHMARKS.md, "The scorer").
+    prefold = native and use_fp4_cache and q_form == Q_MXFP4 and rows == 1
+    if native and use_fp4_cache and q_form >= Q_E4M3_MX and not (
+            prefold and row_groups * -(-tiles // per_program) <= wanted):
+        # Folding the queries costs a program more: fewer, longer ones, unless they come
+        # folded and one round of programs holds the shorter ones.
+        per_program *= 2
     elif max_registers and q_form == Q_E4M3 and many:
         max_registers = LARGE_MXFP4_REGISTERS  # more programs in flight when there are many
     splits = max(-(-tiles // per_program), 1)
@@ -361,7 +376,7 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     hint_tiles = HINT_TILES if pdl == PDL_EARLY and q_form == Q_E4M3 else 0
     return LogitsSettings(block_n, rows, splits, num_warps, num_stages, VARIANT_STACKED,
                           max_registers, pdl=pdl, relu_by_abs=use_fp4_cache,
-                          hint_tiles=hint_tiles)
+                          hint_tiles=hint_tiles, prefold=prefold)
 
 
 PROGRAMS_PER_SM = 4
@@ -407,7 +422,8 @@ def settings_for(plan: LogitsPlan) -> LogitsSettings:
 
 
 def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
-                   ) -> tuple[Launch, tuple[int, int, int]]:
+                   ) -> tuple[Launch, tuple[int, int, int], Launch | None]:
+    """(the scorer's launch, its grid, the fold's launch or None)."""
     splits, chunk, tail_chunk = split_columns(plan, settings)
     row_groups = -(-plan.next_n // settings.rows)
     pdl = settings.pdl if checks.pdl_supported(plan.device) else PDL_NONE
@@ -431,11 +447,31 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         HAS_BLOCKS=plan.num_blocks > 0, USE_PDL=pdl,
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
-        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0)
-    return launch, (plan.batch * row_groups, splits, 1)
+        HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0,
+        PREFOLDED=prefolded(plan, settings))
+    fold = None
+    if prefolded(plan, settings):
+        fold = FOLD_KERNEL.launch(
+            plan.device, num_warps=4, options=checks.nvidia_options(nvidia, pdl != PDL_NONE, 0)
+            or None, q_sb=plan.strides["q_sb"], q_si=plan.strides["q_si"],
+            q_sh=plan.strides["q_sh"], qs_sb=plan.strides["qs_sb"], qs_si=plan.strides["qs_si"],
+            heads=plan.heads, NEXT_N=plan.next_n, ROWS=settings.rows, Q_FORM=plan.q_form,
+            USE_FP4=plan.use_fp4_cache, HP=plan.head_pad, USE_PDL=pdl)
+    return launch, (plan.batch * row_groups, splits, 1), fold
 
 
-def run_logits(plan: LogitsPlan, call) -> None:
+def prefolded(plan: LogitsPlan, settings: LogitsSettings) -> bool:
+    """Whether the call's scaled queries are folded by a kernel before the scorer's."""
+    return (settings.prefold and plan.native and plan.q_form >= Q_E4M3_MX
+            and settings.variant == VARIANT_STACKED)
+
+
+def _stacked_columns(rows: int, head_pad: int) -> int:
+    """The columns of a row group's stacked dot (``RH`` in the kernel)."""
+    return (1 if rows == 1 else 2 if rows == 2 else 4) * head_pad
+
+
+def run_logits(plan: LogitsPlan, call: OpCall) -> None:
     """Run a checked call: write the logits into ``call.out``."""
     checks.check_apart(plan.apart, call)
     cache = cache_3d(call.k_cache)
@@ -456,12 +492,23 @@ def run_logits(plan: LogitsPlan, call) -> None:
     key = (settings, scale_words)
     launch = plan.launches.get(key) or plan.launches.setdefault(
         key, _logits_launch(plan, settings, scale_words))
-    kernel, grid = launch
+    kernel, grid, fold = launch
     values = _raw_bits(call.q_values)
-    kernel(grid, q_ptr=values,
-           qs_ptr=call.q_scales if call.q_scales is not None else call.context_lens,  # unread
-           w_ptr=_raw_bits(call.weights), cache_ptr=cache, ctx_ptr=call.context_lens,
-           table_ptr=call.block_table, out_ptr=call.out)
+    scales = call.q_scales if call.q_scales is not None else call.context_lens  # unread
+    if fold is None:
+        folded = folded_scales = folded_exact = call.context_lens  # unread
+    else:
+        groups = grid[0]
+        columns = _stacked_columns(settings.rows, plan.head_pad)
+        device = plan.device
+        folded = torch.empty(groups * 128 * columns, dtype=torch.uint8, device=device)
+        folded_scales = torch.empty(groups * columns, dtype=torch.float32, device=device)
+        folded_exact = torch.empty(groups, dtype=torch.int32, device=device)
+        fold((groups, 1, 1), q_ptr=values, qs_ptr=scales, fold_ptr=folded,
+             fold_scale_ptr=folded_scales, fold_exact_ptr=folded_exact)
+    kernel(grid, q_ptr=values, qs_ptr=scales, w_ptr=_raw_bits(call.weights), cache_ptr=cache,
+           ctx_ptr=call.context_lens, table_ptr=call.block_table, out_ptr=call.out,
+           fold_ptr=folded, fold_scale_ptr=folded_scales, fold_exact_ptr=folded_exact)
 
 
 @declare_op(check=check_logits, run=run_logits, mutates=("out",))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import checks, fast_path, launcher, layout, reference
+from .checks import OpCall
 from .kernels import INTERPRETED, gather_indexer_k_kernel
 from .launcher import Kernel, Launch, declare_op
 
@@ -57,7 +58,7 @@ class ReaderPlan:
     launch: Launch  # the gather kernel in the reader's mode
 
 
-def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: bool | None = None,
+def _reader_plan(call: OpCall, *index_names: str, dequantize: bool = False, mx_scales: bool | None = None,
                  block_table: torch.Tensor | None = None) -> ReaderPlan:
     """The checks every reader shares (the cache, the layout options, the index tensors'
     dtypes and devices, the backend), and the plan."""
@@ -108,18 +109,18 @@ def _reader_plan(call, *index_names: str, dequantize: bool = False, mx_scales: b
     )
 
 
-def check_gather(call) -> ReaderPlan:
+def check_gather(call: OpCall) -> ReaderPlan:
     checks.check_index_vector("slots", call.slots)
     return _reader_plan(call, "slots")
 
 
-def check_dequantize(call) -> ReaderPlan:
+def check_dequantize(call: OpCall) -> ReaderPlan:
     checks.check_flag("mx_scales", call.mx_scales, allow_none=True)
     checks.check_index_vector("slots", call.slots)
     return _reader_plan(call, "slots", dequantize=True, mx_scales=call.mx_scales)
 
 
-def check_sequence_counts(call) -> None:
+def check_sequence_counts(call: OpCall) -> None:
     """cu_seq_lens has one entry more than block_table has rows (both sizes are left free
     by a kept plan, so this runs on every call)."""
     if call.cu_seq_lens.shape[0] != call.block_table.shape[0] + 1:
@@ -128,7 +129,7 @@ def check_sequence_counts(call) -> None:
                           call.cu_seq_lens.shape[0])
 
 
-def check_gather_by_blocks(call) -> ReaderPlan:
+def check_gather_by_blocks(call: OpCall) -> ReaderPlan:
     block_table = call.block_table
     checks.check_dtype("block_table", block_table, checks.INDEX_DTYPES)
     if block_table.dim() != 2 or block_table.stride(1) != 1:
@@ -149,14 +150,14 @@ def _new_rows(device: torch.device, num_rows: int, value_bytes: int
             torch.empty(num_rows, layout.SCALE_BYTES, dtype=torch.uint8, device=device))
 
 
-def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+def run_gather(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
         return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile,
                                 check_bounds=plan.check_bounds)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
-    num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python, 4x the host time
+    num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python (BENCHMARKS.md, "Eager calls")
     values, scales = _new_rows(plan.device, num_rows, plan.value_bytes)
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
@@ -164,7 +165,7 @@ def run_gather(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scales
 
 
-def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
+def run_dequantize(plan: ReaderPlan, call: OpCall) -> torch.Tensor:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
         values, scales = reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout,
@@ -172,7 +173,7 @@ def run_dequantize(plan: ReaderPlan, call) -> torch.Tensor:
         return reference.dequantize(values, scales, plan.use_fp4_cache, plan.mx_scales)
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
-    num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python, 4x the host time
+    num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python (BENCHMARKS.md, "Eager calls")
     keys = torch.empty(num_rows, layout.HEAD_DIM, dtype=torch.float32, device=plan.device)
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
@@ -193,7 +194,7 @@ def sequence_rows(cu_seq_lens: torch.Tensor) -> tuple[int, int]:
     return int(cu[-1]), int(lengths.max()) if lengths.numel() else 0
 
 
-def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+def run_gather_by_blocks(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     check_sequence_counts(call)
     k_cache, block_table, cu_seq_lens = call.k_cache, call.block_table, call.cu_seq_lens
     num_rows, max_len = sequence_rows(cu_seq_lens)
@@ -218,17 +219,17 @@ def run_gather_by_blocks(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Te
     return values, scales
 
 
-def _fake_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+def _fake_rows(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     return _new_rows(call.k_cache.device, call.slots.shape[0], plan.value_bytes)
 
 
-def _fake_sequence_rows(plan: ReaderPlan, call) -> tuple[torch.Tensor, torch.Tensor]:
+def _fake_sequence_rows(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     # The row count is cu_seq_lens[-1]: data, not metadata.
     return _new_rows(call.k_cache.device, torch.library.get_ctx().new_dynamic_size(),
                      plan.value_bytes)
 
 
-def _fake_keys(plan: ReaderPlan, call) -> torch.Tensor:
+def _fake_keys(plan: ReaderPlan, call: OpCall) -> torch.Tensor:
     return call.k_cache.new_empty((call.slots.shape[0], layout.HEAD_DIM), dtype=torch.float32)
 
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from . import checks, layout, reference
-from .checks import fail_value
+from .checks import OpCall, fail_value
 from .kernels import INTERPRETED, indexer_k_store_kernel
 from .launcher import Kernel, Launch, declare_op, tunable
 
@@ -76,7 +76,7 @@ def exact_casts_needed(device: torch.device) -> bool:
     return not checks.native_fp8(device)
 
 
-def check_token_counts(call) -> int:
+def check_token_counts(call: OpCall) -> int:
     """The call's token count, after checking the tensors that must cover it (their sizes
     are left free by a kept plan, so this runs on every call)."""
     num_tokens = call.kv_slot_mapping.shape[0]
@@ -89,7 +89,7 @@ def check_token_counts(call) -> int:
     return num_tokens
 
 
-def check_store(call) -> StorePlan:
+def check_store(call: OpCall) -> StorePlan:
     """Check every argument; return how to run the call. Raises before touching k_cache."""
     checks.check_flag("use_fp4_cache", call.use_fp4_cache)
     checks.check_flag("mx_scales", call.mx_scales, allow_none=True)
@@ -230,7 +230,7 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
     )
 
 
-def run_store(plan: StorePlan, call) -> None:
+def run_store(plan: StorePlan, call: OpCall) -> None:
     num_tokens = call.kv_slot_mapping.shape[0]
     if call.k_pre.shape[0] < num_tokens or call.positions.shape[0] < num_tokens:
         check_token_counts(call)  # raises, naming the short tensor

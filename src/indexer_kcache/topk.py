@@ -18,7 +18,15 @@ from typing import NamedTuple
 import torch
 
 from . import checks
-from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, fail_unsupported, fail_value, pdl_supported
+from .checks import (
+    PDL_AT_EXIT,
+    PDL_EARLY,
+    PDL_NONE,
+    OpCall,
+    fail_unsupported,
+    fail_value,
+    pdl_supported,
+)
 from .kernels import INTERPRETED
 from .kernels.topk import (
     MARGIN_EXTRA,
@@ -132,10 +140,11 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
                   direct_max_cols: int | None = None) -> TopKSettings:
     """Deterministic settings for a shape.
 
-    Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``) wide are read once by
-    the select kernel and ranked whole. Longer rows are sampled (enough columns to expect
-    ``SAMPLE_HITS`` of the top k), then filtered ``FILTER_STEP`` columns a step, one
-    atomic a step: one step a program for fewer than ``FILTER_STEPS_FROM`` elements
+    Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``, 1024 under the
+    interpreter) wide are read once by the select kernel and ranked whole. Longer rows
+    are sampled (enough columns to expect ``SAMPLE_HITS`` of the top k), then filtered
+    ``FILTER_STEP`` columns a step, one atomic a step: one step a program for fewer than
+    ``FILTER_STEPS_FROM`` elements
     (many small programs), ``FILTER_STEPS`` from there (each step's load in flight while
     the step before waits for its atomics); the select and rank kernels order the
     candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
@@ -188,7 +197,7 @@ def check_k(k: object) -> None:
     checks.check_int("k", k, at_least=1)
 
 
-def check_topk(call) -> TopKPlan:
+def check_topk(call: OpCall) -> TopKPlan:
     """Check every argument of ``top_k_indices_into``; return how to run the call."""
     logits, lengths, out = call.logits, call.lengths, call.out
     checks.check_dtype("logits", logits, LOGITS_DTYPES)
@@ -280,7 +289,7 @@ def rank_programs(s: TopKSettings, k: int, cols: int) -> int:
     return min(s.block // chunk, -(-min(k, cols) // chunk) + 1)
 
 
-def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
+def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> None:
     """Run the Triton kernels of a checked call into ``call.out``. Work buffers come from
     ``torch.empty``: no host synchronisation. ``buffers`` (tests), a dict, receives them by
     name."""
@@ -323,7 +332,7 @@ def launch_topk(plan: TopKPlan, call, buffers: dict | None = None) -> None:
         buffers.update(counts=counts, meta=meta, rank_grid=rank_grid)
 
 
-def run_topk(plan: TopKPlan, call) -> None:
+def run_topk(plan: TopKPlan, call: OpCall) -> None:
     checks.check_apart(plan.apart, call)
     if plan.backend == "reference":
         call.out.copy_(reference_topk.top_k_indices(call.logits, plan.k, call.lengths))

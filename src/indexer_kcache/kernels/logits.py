@@ -1253,6 +1253,60 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
 
 
 @triton.jit
+def _folded_offsets(index, RH: tl.constexpr):
+    """Offsets of a row group's folded operand ``[128, RH]`` in ``fold_queries_kernel``'s
+    buffer (entry ``index``, int64), and of its column factors ``[RH]``."""
+    p = tl.arange(0, 128)[:, None]
+    j = tl.arange(0, RH)
+    return index * (128 * RH) + p * RH + j[None, :], index * RH + j
+
+
+@triton.jit
+def _load_folded(fold_ptr, fold_scale_ptr, fold_exact_ptr, index, RH: tl.constexpr):
+    """What ``_q_v1`` returns with ``FOLD``, as ``fold_queries_kernel`` stored it."""
+    values_at, factors_at = _folded_offsets(index, RH)
+    values = tl.load(fold_ptr + values_at).to(tl.float8e4nv, bitcast=True)
+    return values, tl.load(fold_exact_ptr + index), tl.load(fold_scale_ptr + factors_at)
+
+
+@triton.jit
+def fold_queries_kernel(
+    q_ptr, q_sb, q_si, q_sh,
+    qs_ptr, qs_sb, qs_si,
+    fold_ptr, fold_scale_ptr, fold_exact_ptr,
+    heads,
+    NEXT_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    Q_FORM: tl.constexpr,
+    USE_FP4: tl.constexpr,
+    HP: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """Grid ``(B * ceil(NEXT_N / ROWS),)``: the scaled queries of each row group folded
+    (``_q_v1``) once, for every program of ``paged_mqa_logits_kernel`` that scores the
+    group (``PREFOLDED``), instead of once in each of them. ``fold`` (uint8 e4m3 bits
+    ``[groups, 128, RH]``, rows in the order the group's dot takes its dims),
+    ``fold_scale`` (float32 ``[groups, RH]``: each column's factor) and ``fold_exact``
+    (int32 ``[groups]``: the fold is exact for every column)."""
+    wait_for_previous_kernel(USE_PDL)
+    tl.static_assert(Q_FORM >= 2, "only scaled queries are folded")
+    ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
+    RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
+    RH: tl.constexpr = RP * HP
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // ROW_GROUPS
+    i0 = (pid % ROW_GROUPS) * ROWS
+    p = tl.arange(0, 128)
+    d = _fp4_dim(p, False) if USE_FP4 else p
+    values, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads,
+                                  d, NEXT_N, ROWS, Q_FORM, HP, RH, True)
+    values_at, factors_at = _folded_offsets(pid, RH)
+    tl.store(fold_ptr + values_at, values.to(tl.uint8, bitcast=True))
+    tl.store(fold_scale_ptr + factors_at, factor)
+    tl.store(fold_exact_ptr + pid, exact)
+
+
+@triton.jit
 def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
                 page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr, out_sr,
                 num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N: tl.constexpr,
@@ -1262,14 +1316,17 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                 SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                 HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
-                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr):
+                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr, fold_ptr, fold_scale_ptr,
+                fold_exact_ptr, fold_index, PREFOLDED: tl.constexpr):
     """The stacked form of one program; returns ``hi`` (the end of the scored positions).
 
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
     MXFP4 keys are folded. Otherwise (a query head, or some key of the program's range,
     whose group exponents spread too far; such a key scores NaN in the first pass) the
     rows are scored per group (``_rescan_rows``), overwriting the first pass's logits (the
-    reduction that finds out is a barrier between the two passes' stores)."""
+    reduction that finds out is a barrier between the two passes' stores). ``PREFOLDED``
+    (scaled queries): the fold was done once for every program of the row group by
+    ``fold_queries_kernel`` (its entry ``fold_index``), not here."""
     RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
     RH: tl.constexpr = RP * HP
     tl.static_assert(RH <= 256, "the stacked rows' columns are one dot's N (<= 256)")
@@ -1287,8 +1344,13 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     w = _weights_v1(w_ptr, w_sr, w_sh, b, i0, heads, NEXT_N, ROWS, HP, RH, W_BF16) * w_fold
     # Folded queries are unscaled e4m3 values.
     FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
-    q_op, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
-                                NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2)
+    if PREFOLDED:
+        tl.static_assert(Q_FORM >= 2, "only scaled queries are folded")
+        q_op, exact, factor = _load_folded(fold_ptr, fold_scale_ptr, fold_exact_ptr, fold_index,
+                                           RH)
+    else:
+        q_op, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads,
+                                    d, NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2)
     w = w * factor
     if exact != 0:
         nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
@@ -1364,6 +1426,7 @@ def paged_mqa_logits_kernel(
     ctx_ptr, ctx_sb, ctx_si,
     table_ptr, table_sb,
     out_ptr, out_sr,
+    fold_ptr, fold_scale_ptr, fold_exact_ptr,
     max_model_len, num_cols, chunk, tail_chunk, heads,
     NEXT_N: tl.constexpr,
     ROWS: tl.constexpr,
@@ -1388,6 +1451,7 @@ def paged_mqa_logits_kernel(
     USE_PDL: tl.constexpr,
     RELU_BY_ABS: tl.constexpr,
     HINT_TILES: tl.constexpr,
+    PREFOLDED: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1401,7 +1465,9 @@ def paged_mqa_logits_kernel(
     ``WARPS``: the warps along the keys. ``USE_PDL``: a ``dependent_launch`` mode.
     ``RELU_BY_ABS`` (stacked form, not bf16 queries): ``relu(x) w`` as ``(x + |x|) w / 2``.
     ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
-    program's first tiles are asked for into L2 before the wait (``_hint_first_pages``)."""
+    program's first tiles are asked for into L2 before the wait (``_hint_first_pages``).
+    ``PREFOLDED`` (stacked form, scaled queries): the queries come folded from
+    ``fold_queries_kernel`` (``fold_*``; unread otherwise)."""
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
     pid = tl.program_id(0)
     b = (pid // ROW_GROUPS).to(tl.int64)
@@ -1418,6 +1484,7 @@ def paged_mqa_logits_kernel(
                           HINT_TILES)
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
+    tl.static_assert(not PREFOLDED or (NATIVE and VARIANT == 1), "folded for the stacked form")
     tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
     tl.static_assert(HP >= 16 and BLOCK_N >= 16)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
@@ -1431,7 +1498,8 @@ def paged_mqa_logits_kernel(
                          out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N,
                          ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                          D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
-                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS)
+                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS, fold_ptr, fold_scale_ptr,
+                         fold_exact_ptr, pid.to(tl.int64), PREFOLDED)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.
