@@ -27,6 +27,9 @@ from indexer_kcache.kernels import INTERPRETED
 from indexer_kcache.kernels.logits import (
     BF16_FOLD_SPAN,
     FP4_FOLD_SPAN,
+    Q_E4M3,
+    Q_E4M3_MX,
+    Q_MXFP4,
     VARIANT_ROWS,
     VARIANT_STACKED,
     _fp4_operand_bf16,
@@ -436,28 +439,55 @@ def test_stacked_rows_native(fmt, q_form, next_n, heads, ctx_2d):
 
 
 @pytest.mark.parametrize("spread", [False, True], ids=["exact-fold", "inexact-fold"])
-@pytest.mark.parametrize("next_n, heads", [(1, 8), (3, 5)], ids=["n1-h8", "n3-h5"])
+@pytest.mark.parametrize("next_n, heads, rows, splits", [(1, 8, 1, 1), (3, 5, 3, 1),
+                                                         (5, 5, 2, 2)],
+                         ids=["n1-h8", "n3-h5", "n5-h5-rows2-splits2"])
 @pytest.mark.parametrize("fmt, q_form", [("mxfp4", "mxfp4"), ("mxfp4", "e4m3-mx"),
                                          ("fp8-mx", "e4m3-mx"), ("fp8", "mxfp4")],
                          ids=["mxfp4-q_mxfp4", "mxfp4-q_e4m3-mx", "fp8-mx-q_e4m3-mx",
                               "fp8-q_mxfp4"])
-def test_prefolded_queries_score_the_same_bits(fmt, q_form, next_n, heads, spread):
+def test_prefolded_queries_score_the_same_bits(fmt, q_form, next_n, heads, rows, splits,
+                                                spread):
     """Scaled queries folded once per row group by their own kernel give the logits of the
-    fold in every program, bit for bit, both where the fold is exact and where a head's
-    group exponents lie too far apart for it (every program then rescans per group)."""
+    fold in every program, bit for bit: several row groups a sequence (the last one part
+    dead) and several programs a group included, both where the fold is exact and where
+    one head's group exponents lie too far apart for it (its programs then rescan per
+    group, and the spread group still counts: 16 binades down)."""
     call, options = make_call(fmt, "row-major", q_form, next_n=next_n, heads=heads,
                               block_size=64, num_blocks=6, max_blocks=3, seed=70 + next_n)
-    if spread:  # one group of one head 40 binades below its others: no e4m3 holds both
+    if spread:  # sequence 1 (sequence 0 sees nothing), last row, last head
         values, scales = call["q"]
         exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()
-        exponents[0, 0, heads - 1, 2] = 80
-        exponents[0, 0, heads - 1, :2] = 130
+        exponents[1, next_n - 1, heads - 1, :] = torch.tensor([130, 130, 114, 129],
+                                                                dtype=torch.uint8)
         call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
+        assert int(call["context_lens"][1]) > 0
     want, bound = expected(call, options)
-    folded_here = run_native(call, options, VARIANT_STACKED, prefold=False).clone()
-    folded_before = run_native(call, options, VARIANT_STACKED, prefold=True)
+    settings = dict(rows=rows, splits=splits)
+    folded_here = run_native(call, options, VARIANT_STACKED, prefold=False, **settings).clone()
+    folded_before = run_native(call, options, VARIANT_STACKED, prefold=True, **settings)
     assert_close(folded_before, want, bound)
     torch.testing.assert_close(folded_before, folded_here, rtol=0, atol=0, equal_nan=True)
+
+
+def test_settings_fold_mxfp4_queries_ahead_for_one_row_a_program():
+    """The settings fold MXFP4 queries against MXFP4 keys ahead, one row a program only,
+    and then give the programs twice the tiles only past one round of them."""
+    def settings(batch, next_n, context, fp4=True, q_form=Q_MXFP4):
+        return logits_settings(batch, next_n, 64, context, fp4, q_form, 132, False, True)
+
+    one_round = 4 * 132
+    for batch, context in ((1, 4096), (1, 131072), (8, 32768), (64, 8192)):
+        s = settings(batch, 1, context)
+        assert s.prefold and s.rows == 1
+        assert batch * s.splits <= one_round  # not halved: one round holds them
+        assert settings(batch, 1, context, q_form=Q_E4M3_MX).splits * 2 <= s.splits + 1
+    big = settings(64, 1, 32768)
+    assert big.prefold and 64 * big.splits <= one_round * 2
+    assert not settings(64, 4, 8192).prefold  # two rows a program
+    assert not settings(64, 1, 32768, q_form=Q_E4M3).prefold
+    assert not settings(64, 1, 32768, fp4=False).prefold
+    assert not logits_settings(64, 1, 64, 32768, True, Q_MXFP4, 132, False, False).prefold
 
 
 def spread_group_scales(cache: torch.Tensor, options: dict, slots, drop: int) -> torch.Tensor:
