@@ -597,8 +597,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     from indexer_kcache.kernels.topk import topk_rank_kernel
 
     pointers = dict(q_ptr="*u8", qs_ptr="*i32", w_ptr="*fp32", cache_ptr="*u8", ctx_ptr="*i32",
-                    table_ptr="*i32", out_ptr="*fp32", fold_ptr="*u8", fold_scale_ptr="*fp32",
-                    fold_exact_ptr="*i32")
+                    table_ptr="*i32", out_ptr="*fp32", fold_ptr="*u8")
     constexprs = dict(NEXT_N=1, ROWS=1, CTX_2D=False, Q_FORM=1, W_BF16=False, USE_FP4=True,
                       MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
                       BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
@@ -617,8 +616,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                  num_stages=6, maxnreg=128)
         compile_(fold_queries_kernel, dict(q_ptr="*u8", q_sb="i32", q_si="i32", q_sh="i32",
                                            qs_ptr="*i32", qs_sb="i32", qs_si="i32",
-                                           fold_ptr="*u8", fold_scale_ptr="*fp32",
-                                           fold_exact_ptr="*i32", heads="i32"),
+                                           fold_ptr="*u8", heads="i32"),
                  dict(NEXT_N=1, ROWS=1, Q_FORM=3, USE_FP4=True, HP=64, USE_PDL=1), target,
                  num_warps=4)
     # FP8 keys, four rows of per-row context lengths, two tiles hinted (sm_90 and sm_100:

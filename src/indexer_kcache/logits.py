@@ -30,6 +30,7 @@ from .kernels.logits import (
     Q_E4M3_MX,
     Q_MXFP4,
     VARIANT_STACKED,
+    fold_entry_bytes,
     fold_queries_kernel,
     paged_mqa_logits_kernel,
 )
@@ -496,19 +497,15 @@ def run_logits(plan: LogitsPlan, call: OpCall) -> None:
     values = _raw_bits(call.q_values)
     scales = call.q_scales if call.q_scales is not None else call.context_lens  # unread
     if fold is None:
-        folded = folded_scales = folded_exact = call.context_lens  # unread
+        folded = call.context_lens  # unread
     else:
         groups = grid[0]
-        columns = _stacked_columns(settings.rows, plan.head_pad)
-        device = plan.device
-        folded = torch.empty(groups * 128 * columns, dtype=torch.uint8, device=device)
-        folded_scales = torch.empty(groups * columns, dtype=torch.float32, device=device)
-        folded_exact = torch.empty(groups, dtype=torch.int32, device=device)
-        fold((groups, 1, 1), q_ptr=values, qs_ptr=scales, fold_ptr=folded,
-             fold_scale_ptr=folded_scales, fold_exact_ptr=folded_exact)
+        entry = fold_entry_bytes(_stacked_columns(settings.rows, plan.head_pad))
+        folded = torch.empty(groups * entry, dtype=torch.uint8, device=plan.device)
+        fold((groups, 1, 1), q_ptr=values, qs_ptr=scales, fold_ptr=folded)
     kernel(grid, q_ptr=values, qs_ptr=scales, w_ptr=_raw_bits(call.weights), cache_ptr=cache,
            ctx_ptr=call.context_lens, table_ptr=call.block_table, out_ptr=call.out,
-           fold_ptr=folded, fold_scale_ptr=folded_scales, fold_exact_ptr=folded_exact)
+           fold_ptr=folded)
 
 
 @declare_op(check=check_logits, run=run_logits, mutates=("out",))

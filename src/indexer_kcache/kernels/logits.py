@@ -1252,28 +1252,38 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                      HAS_BLOCKS, RELU_BY_ABS)
 
 
+@triton.constexpr_function
+def fold_entry_bytes(columns):
+    """Bytes of one row group's entry in ``fold_queries_kernel``'s buffer: the e4m3 operand
+    ``[128, columns]``, the columns' float32 factors, the int32 exact flag (16 bytes, so
+    that every entry and its parts stay aligned)."""
+    return 128 * columns + 4 * columns + 16
+
+
 @triton.jit
-def _folded_offsets(index, RH: tl.constexpr):
-    """Offsets of a row group's folded operand ``[128, RH]`` in ``fold_queries_kernel``'s
-    buffer (entry ``index``, int64), and of its column factors ``[RH]``."""
+def _folded_pointers(fold_ptr, index, RH: tl.constexpr):
+    """(operand [128, RH], factors [RH], exact flag) pointers of entry ``index`` (int64)."""
+    entry = fold_ptr + index * fold_entry_bytes(RH)
     p = tl.arange(0, 128)[:, None]
     j = tl.arange(0, RH)
-    return index * (128 * RH) + p * RH + j[None, :], index * RH + j
+    factors = (entry + 128 * RH).to(tl.pointer_type(tl.float32))
+    exact = (entry + 132 * RH).to(tl.pointer_type(tl.int32))
+    return entry + p * RH + j[None, :], factors + j, exact
 
 
 @triton.jit
-def _load_folded(fold_ptr, fold_scale_ptr, fold_exact_ptr, index, RH: tl.constexpr):
+def _load_folded(fold_ptr, index, RH: tl.constexpr):
     """What ``_q_v1`` returns with ``FOLD``, as ``fold_queries_kernel`` stored it."""
-    values_at, factors_at = _folded_offsets(index, RH)
-    values = tl.load(fold_ptr + values_at).to(tl.float8e4nv, bitcast=True)
-    return values, tl.load(fold_exact_ptr + index), tl.load(fold_scale_ptr + factors_at)
+    values_at, factors_at, exact_at = _folded_pointers(fold_ptr, index, RH)
+    values = tl.load(values_at).to(tl.float8e4nv, bitcast=True)
+    return values, tl.load(exact_at), tl.load(factors_at)
 
 
 @triton.jit
 def fold_queries_kernel(
     q_ptr, q_sb, q_si, q_sh,
     qs_ptr, qs_sb, qs_si,
-    fold_ptr, fold_scale_ptr, fold_exact_ptr,
+    fold_ptr,
     heads,
     NEXT_N: tl.constexpr,
     ROWS: tl.constexpr,
@@ -1284,10 +1294,10 @@ def fold_queries_kernel(
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS),)``: the scaled queries of each row group folded
     (``_q_v1``) once, for every program of ``paged_mqa_logits_kernel`` that scores the
-    group (``PREFOLDED``), instead of once in each of them. ``fold`` (uint8 e4m3 bits
-    ``[groups, 128, RH]``, rows in the order the group's dot takes its dims),
-    ``fold_scale`` (float32 ``[groups, RH]``: each column's factor) and ``fold_exact``
-    (int32 ``[groups]``: the fold is exact for every column)."""
+    group (``PREFOLDED``), instead of once in each of them. ``fold``: an entry of
+    ``fold_entry_bytes(RH)`` bytes a row group: the e4m3 operand ``[128, RH]`` (rows in
+    the order the group's dot takes its dims), each column's float32 factor, and an int32
+    1 where the fold is exact for every column."""
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(Q_FORM >= 2, "only scaled queries are folded")
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
@@ -1300,10 +1310,10 @@ def fold_queries_kernel(
     d = _fp4_dim(p, False) if USE_FP4 else p
     values, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads,
                                   d, NEXT_N, ROWS, Q_FORM, HP, RH, True)
-    values_at, factors_at = _folded_offsets(pid, RH)
-    tl.store(fold_ptr + values_at, values.to(tl.uint8, bitcast=True))
-    tl.store(fold_scale_ptr + factors_at, factor)
-    tl.store(fold_exact_ptr + pid, exact)
+    values_at, factors_at, exact_at = _folded_pointers(fold_ptr, pid, RH)
+    tl.store(values_at, values.to(tl.uint8, bitcast=True))
+    tl.store(factors_at, factor)
+    tl.store(exact_at, exact)
 
 
 @triton.jit
@@ -1316,8 +1326,8 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                 SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                 HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
-                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr, fold_ptr, fold_scale_ptr,
-                fold_exact_ptr, fold_index, PREFOLDED: tl.constexpr):
+                HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr, fold_ptr, fold_index,
+                PREFOLDED: tl.constexpr):
     """The stacked form of one program; returns ``hi`` (the end of the scored positions).
 
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
@@ -1346,8 +1356,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
     if PREFOLDED:
         tl.static_assert(Q_FORM >= 2, "only scaled queries are folded")
-        q_op, exact, factor = _load_folded(fold_ptr, fold_scale_ptr, fold_exact_ptr, fold_index,
-                                           RH)
+        q_op, exact, factor = _load_folded(fold_ptr, fold_index, RH)
     else:
         q_op, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads,
                                     d, NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2)
@@ -1426,7 +1435,7 @@ def paged_mqa_logits_kernel(
     ctx_ptr, ctx_sb, ctx_si,
     table_ptr, table_sb,
     out_ptr, out_sr,
-    fold_ptr, fold_scale_ptr, fold_exact_ptr,
+    fold_ptr,
     max_model_len, num_cols, chunk, tail_chunk, heads,
     NEXT_N: tl.constexpr,
     ROWS: tl.constexpr,
@@ -1467,7 +1476,7 @@ def paged_mqa_logits_kernel(
     ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
     program's first tiles are asked for into L2 before the wait (``_hint_first_pages``).
     ``PREFOLDED`` (stacked form, scaled queries): the queries come folded from
-    ``fold_queries_kernel`` (``fold_*``; unread otherwise)."""
+    ``fold_queries_kernel`` (``fold_ptr``; unread otherwise)."""
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
     pid = tl.program_id(0)
     b = (pid // ROW_GROUPS).to(tl.int64)
@@ -1498,8 +1507,8 @@ def paged_mqa_logits_kernel(
                          out_ptr, out_sr, num_cols, heads, b, i0, row_base, col_lo, col_hi, NEXT_N,
                          ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                          D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
-                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS, fold_ptr, fold_scale_ptr,
-                         fold_exact_ptr, pid.to(tl.int64), PREFOLDED)
+                         SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS, fold_ptr,
+                         pid.to(tl.int64), PREFOLDED)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.
