@@ -33,6 +33,7 @@ from .kernels.logits import (
     fold_entry_bytes,
     fold_queries_kernel,
     paged_mqa_logits_kernel,
+    row_slots,
 )
 from .launcher import Kernel, Launch, declare_op, tunable
 from .reference import logits as reference_logits
@@ -432,6 +433,9 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
     options = checks.nvidia_options(nvidia, pdl != PDL_NONE, settings.max_registers)
     # The L2 hints before the wait: only for a dependent launch, a tile a page.
     hint = pdl != PDL_NONE and plan.block_size == settings.block_n and plan.num_blocks > 0
+    # Scaled queries folded ahead by their own kernel (the stacked form's native dots only).
+    folded = (settings.prefold and plan.native and plan.q_form >= Q_E4M3_MX
+              and settings.variant == VARIANT_STACKED)
     launch = LOGITS_KERNEL.launch(
         plan.device, num_warps=settings.num_warps, options=options or None, **plan.strides,
         num_blocks=plan.num_blocks, max_model_len=plan.max_model_len, num_cols=plan.num_cols,
@@ -449,27 +453,17 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
         HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0,
-        PREFOLDED=prefolded(plan, settings))
+        PREFOLDED=folded)
     fold = None
-    if prefolded(plan, settings):
+    if folded:
+        fold_options = checks.nvidia_options(nvidia, pdl != PDL_NONE, 0) or None
+        query_strides = {name: plan.strides[name] for name in ("q_sb", "q_si", "q_sh",
+                                                                "qs_sb", "qs_si")}
         fold = FOLD_KERNEL.launch(
-            plan.device, num_warps=4, options=checks.nvidia_options(nvidia, pdl != PDL_NONE, 0)
-            or None, q_sb=plan.strides["q_sb"], q_si=plan.strides["q_si"],
-            q_sh=plan.strides["q_sh"], qs_sb=plan.strides["qs_sb"], qs_si=plan.strides["qs_si"],
-            heads=plan.heads, NEXT_N=plan.next_n, ROWS=settings.rows, Q_FORM=plan.q_form,
+            plan.device, num_warps=4, options=fold_options, **query_strides, heads=plan.heads,
+            NEXT_N=plan.next_n, ROWS=settings.rows, Q_FORM=plan.q_form,
             USE_FP4=plan.use_fp4_cache, HP=plan.head_pad, USE_PDL=pdl)
     return launch, (plan.batch * row_groups, splits, 1), fold
-
-
-def prefolded(plan: LogitsPlan, settings: LogitsSettings) -> bool:
-    """Whether the call's scaled queries are folded by a kernel before the scorer's."""
-    return (settings.prefold and plan.native and plan.q_form >= Q_E4M3_MX
-            and settings.variant == VARIANT_STACKED)
-
-
-def _stacked_columns(rows: int, head_pad: int) -> int:
-    """The columns of a row group's stacked dot (``RH`` in the kernel)."""
-    return (1 if rows == 1 else 2 if rows == 2 else 4) * head_pad
 
 
 def run_logits(plan: LogitsPlan, call: OpCall) -> None:
@@ -500,7 +494,7 @@ def run_logits(plan: LogitsPlan, call: OpCall) -> None:
         folded = call.context_lens  # unread
     else:
         groups = grid[0]
-        entry = fold_entry_bytes(_stacked_columns(settings.rows, plan.head_pad))
+        entry = fold_entry_bytes(row_slots(settings.rows) * plan.head_pad)
         folded = torch.empty(groups * entry, dtype=torch.uint8, device=plan.device)
         fold((groups, 1, 1), q_ptr=values, qs_ptr=scales, fold_ptr=folded)
     kernel(grid, q_ptr=values, qs_ptr=scales, w_ptr=_raw_bits(call.weights), cache_ptr=cache,

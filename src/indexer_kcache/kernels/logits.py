@@ -1253,6 +1253,13 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
 
 
 @triton.constexpr_function
+def row_slots(rows):
+    """The row slots of a stacked program of ``rows`` query rows: a power of two (1, 2 or
+    4); its dot has ``row_slots(rows) * HP`` columns."""
+    return 1 if rows == 1 else (2 if rows == 2 else 4)
+
+
+@triton.constexpr_function
 def fold_entry_bytes(columns):
     """Bytes of one row group's entry in ``fold_queries_kernel``'s buffer: the e4m3 operand
     ``[128, columns]``, the columns' float32 factors, the int32 exact flag (16 bytes, so
@@ -1301,7 +1308,7 @@ def fold_queries_kernel(
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(Q_FORM >= 2, "only scaled queries are folded")
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
-    RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
+    RP: tl.constexpr = row_slots(ROWS)
     RH: tl.constexpr = RP * HP
     pid = tl.program_id(0).to(tl.int64)
     b = pid // ROW_GROUPS
@@ -1337,7 +1344,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     reduction that finds out is a barrier between the two passes' stores). ``PREFOLDED``
     (scaled queries): the fold was done once for every program of the row group by
     ``fold_queries_kernel`` (its entry ``fold_index``), not here."""
-    RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
+    RP: tl.constexpr = row_slots(ROWS)
     RH: tl.constexpr = RP * HP
     tl.static_assert(RH <= 256, "the stacked rows' columns are one dot's N (<= 256)")
     tl.static_assert(not USE_FP4 or BLOCK_N % (16 * WARPS) == 0,
@@ -1407,7 +1414,7 @@ def _hint_first_pages(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, table_row, cache
     again after the wait. They are read past L1 (``.cg``), which keeps no copy that a read
     after the wait could find stale, and side by side: the block ids of the program's
     columns, whatever the context length."""
-    RP: tl.constexpr = 1 if ROWS == 1 else (2 if ROWS == 2 else 4)
+    RP: tl.constexpr = row_slots(ROWS)
     limit, _ = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D, ".cg")
     t0 = col_lo + tl.arange(0, TILES) * BLOCK_SIZE
     block = tl.load(table_row + t0 // BLOCK_SIZE, mask=t0 < col_hi, other=0,
