@@ -1,7 +1,7 @@
 """The scorer at a few of the bench's shapes, for A/B runs of two revisions on one host
 (run it once per revision's package, e.g. with ``PYTHONPATH`` set to the other's ``src``):
 
-    python benchmarks/scorer_cases.py [--copy-GBps 4250]
+    python benchmarks/scorer_cases.py [--set bf16-decode | program-fold] [--copy-GBps 4250]
 
 Each shape is checked against the contract's bound (``mismatches``), then timed as the
 bench times it (CUDA-graph replay over calls that rotate over more keys than the L2 holds).
@@ -14,19 +14,27 @@ import argparse
 import indexer_kcache
 from indexer_kcache.bench import logits as bench_logits
 
-CASES = [("mxfp4", "bf16", 64, 32768, 1), ("mxfp4", "bf16", 128, 65536, 1),
+BF16_DECODE = [("mxfp4", "bf16", 64, 32768, 1), ("mxfp4", "bf16", 128, 65536, 1),
          ("mxfp4", "bf16", 8, 32768, 1), ("mxfp4", "bf16", 64, 8192, 1),
          ("mxfp4", "bf16", 64, 8192, 4), ("mxfp4", "e4m3", 64, 32768, 1),
          ("fp8", "bf16", 64, 32768, 1)]
+# MXFP4 keys against e4m3 and MXFP4 queries (the program-wide fold), bf16 as a control.
+PROGRAM_FOLD = [("mxfp4", "e4m3", b, ctx, n) for b, ctx, n in (
+    (1, 4096, 1), (1, 131072, 1), (8, 32768, 1), (64, 8192, 1), (64, 32768, 1), (128, 65536, 1),
+    (64, 8192, 4))] + [("mxfp4", "mxfp4", b, ctx, 1) for b, ctx in (
+        (1, 4096), (8, 32768), (64, 32768), (128, 65536))] + [("mxfp4", "bf16", 64, 32768, 1)]
+SETS = {"bf16-decode": BF16_DECODE, "program-fold": PROGRAM_FOLD}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=SETS, default="bf16-decode", help="the cases")
     parser.add_argument("--copy-GBps", type=float, default=4250.0,
                         help="the copy bandwidth the % column divides by")
-    copy = parser.parse_args().copy_GBps
+    args = parser.parse_args()
+    copy = args.copy_GBps
     result = {"records": [], "byte_mismatches": []}
-    bench_logits.run_gpu(result, cases=CASES, peers=False)
+    bench_logits.run_gpu(result, cases=SETS[args.set], peers=False)
     package = indexer_kcache.__file__
     for r in result["records"]:
         share = 100 * r["bytes"] / r["gpu_us"] / 1e3 / copy

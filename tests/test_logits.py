@@ -27,6 +27,7 @@ from indexer_kcache.kernels import INTERPRETED
 from indexer_kcache.kernels.logits import (
     BF16_FOLD_SPAN,
     FP4_FOLD_SPAN,
+    Q_BF16,
     Q_E4M3,
     Q_E4M3_MX,
     Q_MXFP4,
@@ -35,6 +36,7 @@ from indexer_kcache.kernels.logits import (
     _fp4_operand_bf16,
 )
 from indexer_kcache.logits import (
+    PROGRAM_FOLD_MIN_TILES,
     check_logits,
     logits_settings,
     paged_mqa_logits,
@@ -526,6 +528,83 @@ def test_mxfp4_keys_with_far_apart_group_scales(layout_name, q_form, drop, varia
     assert_close(paged_mqa_logits(**call, **options), want, bound)
 
 
+def shift_key_exponents(call: dict, options: dict, first: int, shift: int) -> int:
+    """Every MXFP4 key of every sequence at positions ``>= first`` (below its length, in a
+    valid block) with all four group exponents moved by ``shift``, in a copy of the cache:
+    the same keys times ``2**shift`` (each once, whichever sequences share its block).
+    Returns how many were moved."""
+    cache = call["k_cache"].clone()
+    num_blocks, block_size, _ = cache.shape
+    page = cache.as_strided((num_blocks, cache.stride(0)), (cache.stride(0), 1))
+    table, lens = call["block_table"].cpu(), call["context_lens"].cpu()
+    moved = set()
+    for b in range(table.shape[0]):
+        for t in range(first, min(int(lens[b]), table.shape[1] * block_size)):
+            block = int(table[b, t // block_size])
+            if 0 <= block < num_blocks and (block, t % block_size) not in moved:
+                _, scale_at = oracle.offsets(t % block_size, block_size, True,
+                                             options["shuffle"], options["mxfp4_n_per_tile"])
+                for at in scale_at:
+                    page[block, at] = int(page[block, at]) + shift
+                moved.add((block, t % block_size))
+    call["k_cache"] = cache
+    return len(moved)
+
+
+@pytest.mark.parametrize("layout_name, q_form", [("row-major", "e4m3"), ("preshuffle16", "mxfp4"),
+                                                 ("preshuffle64", "e4m3-mx")],
+                         ids=["row-major-q_e4m3", "preshuffle16-q_mxfp4", "preshuffle64-q_e4m3-mx"])
+def test_program_fold_scores_the_same_bits(layout_name, q_form):
+    """MXFP4 keys folded relative to one exponent a program (its first tile's largest,
+    plus headroom) instead of each key's largest: the same logits bit for bit (powers of
+    two move between the decoded keys and the factor after the head sum), a sequence whose
+    first tile has no readable key (reference 127) included."""
+    call, options = make_call("mxfp4", layout_name, q_form, next_n=2, heads=8, max_blocks=8,
+                              seed=61)
+    if call["k_cache"].shape[1] * 4 <= 64:  # blocks of 16: the first tile is four blocks
+        call["block_table"][3, :4] = -1
+    want, bound = expected(call, options)
+    per_key = run_native(call, options, VARIANT_STACKED, splits=1, program_fold=False).clone()
+    per_program = run_native(call, options, VARIANT_STACKED, splits=1, program_fold=True)
+    assert_close(per_program, want, bound)
+    torch.testing.assert_close(per_program, per_key, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("shift", [5, -14, 60], ids=lambda v: f"shift{v:+d}")
+@pytest.mark.parametrize("q_form", ["e4m3", "mxfp4"])
+def test_program_fold_rescans_keys_outside_its_window(q_form, shift):
+    """Keys past a program's first tile whose exponents lie above its reference, or more
+    than FP4_FOLD_SPAN - 1 below it (whole keys scaled, each still folding exactly on its
+    own), score NaN in the program-wide fold: the program is scored again per group,
+    within the bound everywhere."""
+    call, options = make_call("mxfp4", "row-major", q_form, next_n=1, heads=8, max_blocks=8,
+                              seed=62 + shift)
+    assert shift_key_exponents(call, options, 64, shift) > 0
+    want, bound = expected(call, options)
+    assert_close(run_native(call, options, VARIANT_STACKED, splits=1, program_fold=True),
+                 want, bound)
+
+
+def test_settings_fold_per_program_for_long_mxfp4_programs():
+    """The program-wide fold: MXFP4 keys against e4m3 operands, one row a program of at
+    least PROGRAM_FOLD_MIN_TILES tiles; not for short programs, bf16 queries, FP8 keys or
+    several rows a program."""
+    def settings(batch, context, next_n=1, fp4=True, q_form=Q_E4M3):
+        return logits_settings(batch, next_n, 64, context, fp4, q_form, 132, False, True)
+
+    for q_form in (Q_E4M3, Q_E4M3_MX, Q_MXFP4):
+        for batch, context in ((8, 32768), (64, 8192), (64, 32768), (128, 65536)):
+            s = settings(batch, context, q_form=q_form)
+            assert s.program_fold, (q_form, batch, context)
+            assert -(-context // s.block_n) / s.splits >= PROGRAM_FOLD_MIN_TILES
+    assert not settings(1, 4096).program_fold
+    assert not settings(1, 131072).program_fold
+    assert not settings(64, 32768, q_form=Q_BF16).program_fold
+    assert not settings(64, 32768, fp4=False).program_fold
+    assert not settings(64, 8192, next_n=4).program_fold
+    assert not logits_settings(64, 1, 64, 32768, True, Q_E4M3, 132, False, False).program_fold
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
 @pytest.mark.parametrize("fmt, q_form", [("fp8", "e4m3-mx"), ("mxfp4", "mxfp4"), ("mxfp4", "e4m3-mx")],
                          ids=["fp8-q_e4m3-mx", "mxfp4-q_mxfp4", "mxfp4-q_e4m3-mx"])
@@ -542,10 +621,12 @@ def test_scaled_queries_that_do_not_fold(fmt, q_form, variant):
     assert_close(run_native(call, options, VARIANTS[variant]), want, bound)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
-def test_poisoned_mxfp4_keys_native(variant):
+@pytest.mark.parametrize("variant, program_fold", [("rows", False), ("stacked", False),
+                                                   ("stacked", True)],
+                         ids=["rows", "stacked", "stacked-program-fold"])
+def test_poisoned_mxfp4_keys_native(variant, program_fold):
     """A UE8M0 byte 255 in one group of an MXFP4 key: NaN for that key, in both launch forms
-    (the stacked form rescans the program per group, which keeps the NaN)."""
+    and both folds (the stacked form rescans the program per group, which keeps the NaN)."""
     call, options = make_call("mxfp4", "row-major", "e4m3", batch=1, next_n=1, seed=9,
                               bad_blocks=False)
     cache = call["k_cache"].clone()
@@ -556,7 +637,7 @@ def test_poisoned_mxfp4_keys_native(variant):
     _, scale_at = oracle.offsets(21 % block_size, block_size, True, False, 0)
     page = cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
     page[block, scale_at[2]] = 255
-    got = run_native(call, options, VARIANTS[variant]).cpu()
+    got = run_native(call, options, VARIANTS[variant], program_fold=program_fold).cpu()
     assert torch.isnan(got[0, 21])
     assert torch.isfinite(got[0, :40][torch.arange(40) != 21]).all()
 

@@ -602,17 +602,21 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                       MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
                       BLOCK_SIZE=64, HP=64, BLOCK_N=64, NUM_STAGES=6, CLEAN=True, NATIVE=True,
                       SCALE_WORDS=True, VARIANT=1, WARPS=4, HAS_BLOCKS=True, USE_PDL=2,
-                      RELU_BY_ABS=True, HINT_TILES=4, PREFOLDED=False)
+                      RELU_BY_ABS=True, HINT_TILES=4, PREFOLDED=False, PROGRAM_FOLD=False)
     scalars = {name: "i32" for name in paged_mqa_logits_kernel.arg_names
                if name not in pointers and name not in constexprs}
     compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), constexprs, SM90, num_warps=4,
              num_stages=6, maxnreg=96)
+    compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+             dict(constexprs, HINT_TILES=0, PROGRAM_FOLD=True), SM90, num_warps=4, num_stages=6,
+             maxnreg=96)
     # MXFP4 queries folded ahead by their own kernel (sm_90 and sm_100).
     from indexer_kcache.kernels.logits import fold_queries_kernel
 
     for target in (SM90, SM100):
         compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
-                 dict(constexprs, Q_FORM=3, HINT_TILES=0, PREFOLDED=True), target, num_warps=4,
+                 dict(constexprs, Q_FORM=3, HINT_TILES=0, PREFOLDED=True, PROGRAM_FOLD=True),
+                 target, num_warps=4,
                  num_stages=6, maxnreg=128)
         compile_(fold_queries_kernel, dict(q_ptr="*u8", q_sb="i32", q_si="i32", q_sh="i32",
                                            qs_ptr="*i32", qs_sb="i32", qs_si="i32",

@@ -89,6 +89,10 @@ class LogitsSettings(NamedTuple):
     # Scaled queries (stacked form): folded to e4m3 once per row group by a kernel of their
     # own before the scorer, instead of once in every program of the group.
     prefold: bool = False
+    # MXFP4 keys against e4m3 operands (stacked form): their group scales folded relative
+    # to one exponent a program, read from its first tile, instead of each key's largest:
+    # fewer instructions a tile, one more round trip before the first.
+    program_fold: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -324,7 +328,9 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     keys are folded in each program, whose programs then take twice the tiles; MXFP4
     queries against MXFP4 keys, one row a program, are folded once per row by a kernel of
     their own (``prefold``), and their programs take twice the tiles only when the launch
-    would otherwise need more than one round of them. The measurements behind the numbers:
+    would otherwise need more than one round of them. MXFP4 keys against e4m3 operands,
+    one row a program of at least ``PROGRAM_FOLD_MIN_TILES`` tiles, are folded relative
+    to one exponent a program (``program_fold``). The measurements behind the numbers:
     BENCHMARKS.md, "The scorer".
     """
     head_pad = _head_pad(heads)
@@ -367,6 +373,9 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     elif max_registers and q_form == Q_E4M3 and many:
         max_registers = LARGE_MXFP4_REGISTERS  # more programs in flight when there are many
     splits = max(-(-tiles // per_program), 1)
+    # Its first tile's exponents cost a program a round trip; long ones gain more.
+    program_fold = (native and use_fp4_cache and q_form != Q_BF16 and rows == 1
+                    and per_program >= PROGRAM_FOLD_MIN_TILES)
     # Dependent launch pays off while the programs fit on the SMs at once (the next call's
     # programs then wait in room this launch leaves free); releasing the next call at once
     # is best for the smallest launches. Measured: BENCHMARKS.md, "The scorer".
@@ -378,7 +387,7 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     hint_tiles = HINT_TILES if pdl == PDL_EARLY and q_form == Q_E4M3 else 0
     return LogitsSettings(block_n, rows, splits, num_warps, num_stages, VARIANT_STACKED,
                           max_registers, pdl=pdl, relu_by_abs=use_fp4_cache,
-                          hint_tiles=hint_tiles, prefold=prefold)
+                          hint_tiles=hint_tiles, prefold=prefold, program_fold=program_fold)
 
 
 PROGRAMS_PER_SM = 4
@@ -392,6 +401,7 @@ MAX_DOT_COLUMNS = 256  # the N of one Hopper tensor-core instruction
 FALLBACK_REGISTERS = 128  # the tile loop of one row fits (no spills) with e4m3 queries
 FALLBACK_REGISTERS_BF16 = 168  # and with bf16 queries (their keys decoded to bf16)
 HINT_TILES = 2  # tiles hinted into L2 a program, in launches released at once
+PROGRAM_FOLD_MIN_TILES = 8
 
 
 # ------------------------------------------------------------------------------ launch
@@ -453,7 +463,9 @@ def _logits_launch(plan: LogitsPlan, settings: LogitsSettings, scale_words: bool
         RELU_BY_ABS=(settings.relu_by_abs and plan.native and plan.q_form != Q_BF16
                      and settings.variant == VARIANT_STACKED),
         HINT_TILES=next_power_of_2(settings.hint_tiles) if hint and settings.hint_tiles else 0,
-        PREFOLDED=folded)
+        PREFOLDED=folded,
+        PROGRAM_FOLD=(settings.program_fold and plan.native and plan.use_fp4_cache
+                      and plan.q_form != Q_BF16 and settings.variant == VARIANT_STACKED))
     fold = None
     if folded:
         fold_options = checks.nvidia_options(nvidia, pdl != PDL_NONE, 0) or None

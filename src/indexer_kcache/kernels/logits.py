@@ -30,9 +30,11 @@ The native path has two launch forms (``VARIANT``):
   MXFP4 keys decoded by table lookups (``_FP4_WORD_PTX`` to e4m3, ``_FP4_BF16_PTX`` to
   bf16 against bf16 queries) straight into the registers the tensor cores read
   (``_dot_row``, ``_fp4_dim``), each key's group scales folded into the decoded values
-  relative to its largest (``_tile_scores``), which is applied after the head sum: one
-  K=128 dot a tile. A key whose group exponents lie too far apart for the
-  fold scores NaN, and its program scores its rows again per group (``_rescan_rows``).
+  relative to its largest, or with ``PROGRAM_FOLD`` relative to one exponent of the
+  program (``_fold_reference``), that scale applied after the head sum
+  (``_tile_scores``): one K=128 dot a tile. A key the fold cannot take exactly (group
+  exponents too far apart, or outside the program's window) scores NaN, and its program
+  scores its rows again per group (``_rescan_rows``).
 
 A NaN scale (UE8M0 byte 255, or an fp32 NaN) gives NaN logits for its key. Positions whose
 block id is outside ``[0, num_blocks)`` score ``-inf`` (block 0, or nothing, is read in
@@ -67,6 +69,13 @@ VARIANT_STACKED = 1
 # times it is e4m3's smallest normal).
 FP4_FOLD_SPAN = 12
 FP4_FOLD_TOP: tl.constexpr = tl.constexpr(FP4_FOLD_SPAN)
+# Against e4m3 queries a program folds its MXFP4 keys relative to one reference exponent
+# ``ref`` (``_fold_reference``): FP4_FOLD_HEADROOM above the largest group exponent of its
+# first tile, so that a group of exponent e decodes to E2M1 times 2**(FP4_FOLD_SPAN - 6 +
+# e - ref), exact for e in [ref - FP4_FOLD_SPAN + 1, ref]; the factor 2**(ref - 127) is
+# the same for every key. A group outside that window decodes to e4m3 NaN bytes.
+FP4_FOLD_HEADROOM: tl.constexpr = tl.constexpr(2)
+_E4M3_NAN_WORD: tl.constexpr = tl.constexpr(0x7F7F7F7F)
 # Against bf16 queries MXFP4 keys decode straight to bf16, E2M1 times 2**(6 + e_g - max e):
 # exact while 0.5 times that is a normal bf16 (>= 2**-126), i.e. e_g - max e >= -131.
 BF16_FOLD_SPAN: tl.constexpr = tl.constexpr(132)
@@ -1061,6 +1070,28 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
 
 
 @triton.jit
+def _fold_reference(cache_ptr, page_stride, num_blocks, table_row, col_lo, col_hi,
+                    LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
+                    SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The reference exponent of a program's MXFP4 fold (``PROGRAM_FOLD``):
+    ``FP4_FOLD_HEADROOM`` above the largest finite group exponent of the keys at
+    ``[col_lo, col_lo + BLOCK_N)`` below ``col_hi`` (the program's first tile; 127 when
+    none is readable), at most 254. Normalised keys' group exponents vary little along a
+    sequence; a later key outside the window scores NaN, and the program is scored again
+    per group, exact."""
+    t = col_lo + tl.arange(0, BLOCK_N)
+    block = tl.load(table_row + t // BLOCK_SIZE, mask=t < col_hi, other=-1).to(tl.int64)
+    ok = (t < col_hi) & (block >= 0) & (block < num_blocks)
+    page = cache_ptr + tl.where(ok, block, 0) * page_stride
+    i4 = tl.arange(0, 4)[None, :]
+    e = tl.load(page[:, None] + scale_offset_tl((t % BLOCK_SIZE)[:, None], i4, BLOCK_SIZE, 64,
+                                                LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES),
+                mask=ok[:, None], other=0).to(tl.int32)
+    top = tl.max(tl.max(tl.where(e == 255, 0, e), axis=1), axis=0)
+    return tl.where(top == 0, 127, tl.minimum(top + FP4_FOLD_HEADROOM, 254))
+
+
+@triton.jit
 def _byte_max_min(word):
     """(largest, smallest) of the four bytes of int32 ``word``, in-thread."""
     b0 = word & 0xFF
@@ -1109,31 +1140,50 @@ def _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _tile_scores(tile, q_op, w, q_scales, USE_FP4: tl.constexpr,
+def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
                  GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, Q_FORM: tl.constexpr,
                  BLOCK_N: tl.constexpr, RP: tl.constexpr, HP: tl.constexpr,
-                 RELU_BY_ABS: tl.constexpr):
+                 RELU_BY_ABS: tl.constexpr, PROGRAM_FOLD: tl.constexpr):
     """The logits ``[BLOCK_N, RP]`` of a tile for the program's rows.
 
-    MXFP4 keys, not ``GROUPED``: each key's group exponents ``e_g`` give ``k_g =
-    FP4_FOLD_TOP + e_g - max e``; with every ``k_g >= 1`` (exponents within ``FP4_FOLD_TOP
-    - 1`` of each other) its groups decode exactly to E2M1 times ``2**(k_g - 6)`` and the
-    tile is one dot, the key's largest scale ``2**(max e - 127)`` applied after the head
-    sum (the ``2**-6`` is in the weights). A key outside that range, or with a NaN scale
+    MXFP4 keys, not ``GROUPED``, e4m3 operands: each group exponent ``e_g`` gives ``k_g =
+    FP4_FOLD_TOP + e_g - r`` with ``r`` the key's largest exponent, or with
+    ``PROGRAM_FOLD`` the program's ``ref`` (``_fold_reference``); with ``k_g`` in ``[1,
+    FP4_FOLD_TOP]`` the group decodes exactly to E2M1 times ``2**(k_g - 6)``, and the tile
+    is one dot, each head sum then taking the factor ``2**(r - 127)`` (the ``2**-6`` is in
+    the weights). Against bf16 queries the fold is per key (``k_g = e_g - max e``, exact
+    while ``> -BF16_FOLD_SPAN``) and the keys decode straight to bf16
+    (``_fp4_operand_bf16``). A key a fold cannot score exactly, or with a NaN scale
     (byte 255), scores NaN, which makes the caller score the program again ``GROUPED``:
-    per group (``_fp4_grouped_acc``), exact for every key. Against bf16 queries the keys
-    decode straight to bf16 (``_fp4_operand_bf16``), whose range keeps the fold exact while
-    ``e_g - max e > -BF16_FOLD_SPAN``. FP8 keys: one dot, or per group with
-    ``GROUPED_Q``."""
+    per group (``_fp4_grouped_acc``), exact for every key. FP8 keys: one dot, or per
+    group with ``GROUPED_Q``."""
     RH: tl.constexpr = RP * HP
     if USE_FP4:
         t, readable, word, words = tile
-        emax, emin = _byte_max_min(word)
         if GROUPED:
+            emax, _ = _byte_max_min(word)
             key_factor = ue8m0_to_float(emax)  # NaN for a byte 255
             acc = _fp4_grouped_acc(words, word, emax, q_op, q_scales, GROUPED_Q, Q_FORM,
                                    BLOCK_N, RH)
+        elif PROGRAM_FOLD and Q_FORM != 0:
+            # Every group relative to the program's reference exponent: no per-key scale.
+            e = (word[:, None] >> (8 * tl.arange(0, 4)[None, :])) & 0xFF
+            k = e - ref + FP4_FOLD_TOP
+            exact = (k >= 1) & (k <= FP4_FOLD_TOP)  # a byte 255 is above any ref
+            t_lo, t_hi = _fp4_tables(k)
+            t_lo = tl.where(exact, t_lo, _E4M3_NAN_WORD)
+            t_hi = tl.where(exact, t_hi, _E4M3_NAN_WORD)
+            operand = _key_operand_v1(_fp4_operand(words, t_lo, t_hi, BLOCK_N, False), Q_FORM)
+            acc = tl.dot(operand, q_op, out_dtype=tl.float32)
+            # 2**(ref - 127), ref in [1, 254]: a normal float32.
+            key_factor = (tl.full([BLOCK_N], 0, tl.int32) + (ref << 23)).to(tl.float32,
+                                                                           bitcast=True)
+            if not _PTX_DECODE:
+                # The interpreter reads e4m3 NaN bytes as numbers: the same NaN, by hand.
+                outside = tl.max(tl.where(exact, 0, 1), axis=1)
+                key_factor = tl.where(outside != 0, float("nan"), key_factor)
         else:
+            emax, emin = _byte_max_min(word)
             # 2**(max e - 127) (2**-127 for a byte 0); NaN where the fold is not exact.
             key_factor = tl.maximum(emax << 23, 0x00400000).to(tl.float32, bitcast=True)
             span = BF16_FOLD_SPAN if Q_FORM == 0 else FP4_FOLD_TOP
@@ -1183,14 +1233,14 @@ def _store_rows(out_ptr, out_sr, row_base, t, col_hi, scores, readable, limit, v
 
 @triton.jit
 def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row_base, col_lo,
-             hi, col_hi, q_op, w, q_scales, limit, valid, Q_FORM: tl.constexpr,
+             hi, col_hi, q_op, w, q_scales, ref, limit, valid, Q_FORM: tl.constexpr,
              USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
              N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
              SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
              NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
              GROUPED: tl.constexpr, GROUPED_Q: tl.constexpr, RP: tl.constexpr,
              HP: tl.constexpr, WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr,
-             RELU_BY_ABS: tl.constexpr):
+             RELU_BY_ABS: tl.constexpr, PROGRAM_FOLD: tl.constexpr):
     """The tile loop of the stacked form over positions ``[col_lo, hi)``. MXFP4 keys, not
     ``GROUPED``: returns 1.0 when some logit written was NaN (a key the fold cannot score
     exactly, or a poisoned one), else 0.0; otherwise 0.0."""
@@ -1199,8 +1249,8 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
         tile = _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
                         MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
                         SCALE_WORDS, WARPS, HAS_BLOCKS)
-        scores = _tile_scores(tile, q_op, w, q_scales, USE_FP4, GROUPED, GROUPED_Q,
-                              Q_FORM, BLOCK_N, RP, HP, RELU_BY_ABS)
+        scores = _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4, GROUPED, GROUPED_Q,
+                              Q_FORM, BLOCK_N, RP, HP, RELU_BY_ABS, PROGRAM_FOLD)
         value = _store_rows(out_ptr, out_sr, row_base, tile[0], col_hi, scores, tile[1], limit,
                             valid, CLEAN, RP)
         if USE_FP4 and not GROUPED:
@@ -1235,10 +1285,10 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
             q_op, _, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads,
                                     d, NEXT_N, 1, Q_FORM, HP, HP, Q_FORM >= 2)
             _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                     row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, limit, valid,
+                     row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, 0, limit, valid,
                      FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
-                     WARPS, HAS_BLOCKS, RELU_BY_ABS)
+                     WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
         else:
             q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads, d,
                                NEXT_N, 1, Q_FORM, HP, HP, False)
@@ -1246,10 +1296,10 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                 w = w * 64.0  # E2M1 values as e4m3 bytes are 2**-6 of themselves
             q_scales = _q_scale_words(qs_ptr, qs_sb, qs_si, b, i, heads, NEXT_N, 1, HP, HP)
             _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                     row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, limit, valid, Q_FORM,
-                     USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
-                     BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP, WARPS,
-                     HAS_BLOCKS, RELU_BY_ABS)
+                     row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, 0, limit, valid,
+                     Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
+                     BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP,
+                     WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
 
 
 @triton.constexpr_function
@@ -1334,7 +1384,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
                 HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr, WARPS: tl.constexpr,
                 HAS_BLOCKS: tl.constexpr, RELU_BY_ABS: tl.constexpr, fold_ptr, fold_index,
-                PREFOLDED: tl.constexpr):
+                PREFOLDED: tl.constexpr, PROGRAM_FOLD: tl.constexpr):
     """The stacked form of one program; returns ``hi`` (the end of the scored positions).
 
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
@@ -1349,6 +1399,13 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     tl.static_assert(RH <= 256, "the stacked rows' columns are one dot's N (<= 256)")
     tl.static_assert(not USE_FP4 or BLOCK_N % (16 * WARPS) == 0,
                      "MXFP4 keys need 16 rows a warp (BLOCK_N a multiple of 16 * warps)")
+    tl.static_assert(not PROGRAM_FOLD or (USE_FP4 and Q_FORM != 0),
+                     "a program-wide fold is for MXFP4 keys against e4m3 operands")
+    if PROGRAM_FOLD:
+        ref = _fold_reference(cache_ptr, page_stride, num_blocks, table_row, col_lo, col_hi,
+                              LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N)
+    else:
+        ref = 0
     limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N, ROWS, RP, CTX_2D, "")
     hi = tl.minimum(col_hi, tl.max(limit, axis=0))
     p = tl.arange(0, 128)
@@ -1370,10 +1427,10 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     w = w * factor
     if exact != 0:
         nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                            row_base, col_lo, hi, col_hi, q_op, w, 0, limit, valid, FORM, USE_FP4,
-                            MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE,
-                            BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
-                            HAS_BLOCKS, RELU_BY_ABS)
+                            row_base, col_lo, hi, col_hi, q_op, w, 0, ref, limit, valid, FORM,
+                            USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
+                            BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False,
+                            RP, HP, WARPS, HAS_BLOCKS, RELU_BY_ABS, PROGRAM_FOLD)
         if USE_FP4:
             if nan_seen != 0:
                 _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh,
@@ -1468,6 +1525,7 @@ def paged_mqa_logits_kernel(
     RELU_BY_ABS: tl.constexpr,
     HINT_TILES: tl.constexpr,
     PREFOLDED: tl.constexpr,
+    PROGRAM_FOLD: tl.constexpr,
 ):
     """Grid ``(B * ceil(NEXT_N / ROWS), splits)``. Pointers to bf16 or e4m3 data are passed
     as raw bits (int16 / uint8) and reinterpreted here. ``num_cols = min(max_model_len,
@@ -1483,7 +1541,9 @@ def paged_mqa_logits_kernel(
     ``HINT_TILES`` (launched dependently, a tile a page, NVIDIA only): the pages of the
     program's first tiles are asked for into L2 before the wait (``_hint_first_pages``).
     ``PREFOLDED`` (stacked form, scaled queries): the queries come folded from
-    ``fold_queries_kernel`` (``fold_ptr``; unread otherwise)."""
+    ``fold_queries_kernel`` (``fold_ptr``; unread otherwise). ``PROGRAM_FOLD`` (stacked form,
+    MXFP4 keys, not bf16 queries): the keys' group scales folded relative to one exponent
+    per program (``_fold_reference``) instead of each key's largest."""
     ROW_GROUPS: tl.constexpr = (NEXT_N + ROWS - 1) // ROWS
     pid = tl.program_id(0)
     b = (pid // ROW_GROUPS).to(tl.int64)
@@ -1501,6 +1561,7 @@ def paged_mqa_logits_kernel(
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     tl.static_assert(ROWS >= 1 and ROWS <= 4)
     tl.static_assert(not PREFOLDED or (NATIVE and VARIANT == 1), "folded for the stacked form")
+    tl.static_assert(not PROGRAM_FOLD or (NATIVE and VARIANT == 1), "for the stacked form")
     tl.static_assert(not RELU_BY_ABS or Q_FORM != 0, "bf16 queries may overflow x + |x|")
     tl.static_assert(HP >= 16 and BLOCK_N >= 16)
     tl.static_assert(not (USE_FP4 and LAYOUT == 1), "the tiled layout is FP8 only")
@@ -1515,7 +1576,7 @@ def paged_mqa_logits_kernel(
                          ROWS, CTX_2D, Q_FORM, W_BF16, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
                          D_PER_TILE, SCALE_LANES, BLOCK_SIZE, HP, BLOCK_N, NUM_STAGES, CLEAN,
                          SCALE_WORDS, WARPS, HAS_BLOCKS, RELU_BY_ABS, fold_ptr,
-                         pid.to(tl.int64), PREFOLDED)
+                         pid.to(tl.int64), PREFOLDED, PROGRAM_FOLD)
     elif NATIVE and Q_FORM >= 2:
         # Scaled queries: score with the scales folded into the queries (one unscaled dot, as
         # for e4m3 queries) when that is exact for every row, else with a dot per group.
