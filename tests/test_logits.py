@@ -586,22 +586,25 @@ def test_program_fold_rescans_keys_outside_its_window(q_form, shift):
 
 
 def test_settings_fold_per_program_for_long_mxfp4_programs():
-    """The program-wide fold: MXFP4 keys against e4m3 operands, one row a program of at
-    least PROGRAM_FOLD_MIN_TILES tiles; not for short programs, bf16 queries, FP8 keys or
-    several rows a program."""
+    """The program-wide fold: MXFP4 keys against e4m3 operands, one or two rows a program
+    of at least PROGRAM_FOLD_MIN_TILES tiles; not for short programs, bf16 queries, FP8
+    keys or four rows a program."""
     def settings(batch, context, next_n=1, fp4=True, q_form=Q_E4M3):
         return logits_settings(batch, next_n, 64, context, fp4, q_form, 132, False, True)
 
     for q_form in (Q_E4M3, Q_E4M3_MX, Q_MXFP4):
-        for batch, context in ((8, 32768), (64, 8192), (64, 32768), (128, 65536)):
-            s = settings(batch, context, q_form=q_form)
-            assert s.program_fold, (q_form, batch, context)
+        for batch, context, next_n in ((8, 32768, 1), (64, 8192, 1), (64, 32768, 1),
+                                       (128, 65536, 1), (64, 32768, 2)):
+            s = settings(batch, context, next_n, q_form=q_form)
+            assert s.program_fold and s.rows == next_n, (q_form, batch, context, next_n)
             assert -(-context // s.block_n) / s.splits >= PROGRAM_FOLD_MIN_TILES
+    # Scaled queries take two rows a program at next_n 4, e4m3 ones four.
+    assert settings(64, 8192, next_n=4, q_form=Q_MXFP4).program_fold
     assert not settings(1, 4096).program_fold
     assert not settings(1, 131072).program_fold
     assert not settings(64, 32768, q_form=Q_BF16).program_fold
     assert not settings(64, 32768, fp4=False).program_fold
-    assert not settings(64, 8192, next_n=4).program_fold
+    assert not settings(64, 8192, next_n=4).program_fold  # four rows a program
     assert not logits_settings(64, 1, 64, 32768, True, Q_E4M3, 132, False, False).program_fold
 
 

@@ -329,8 +329,8 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     queries against MXFP4 keys, one row a program, are folded once per row by a kernel of
     their own (``prefold``), and their programs take twice the tiles only when the launch
     would otherwise need more than one round of them. MXFP4 keys against e4m3 operands,
-    one row a program of at least ``PROGRAM_FOLD_MIN_TILES`` tiles, are folded relative
-    to one exponent a program (``program_fold``). The measurements behind the numbers:
+    one or two rows a program of at least ``PROGRAM_FOLD_MIN_TILES`` tiles, are folded
+    relative to one exponent a program (``program_fold``). The measurements behind the numbers:
     BENCHMARKS.md, "The scorer".
     """
     head_pad = _head_pad(heads)
@@ -374,7 +374,8 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
         max_registers = LARGE_MXFP4_REGISTERS  # more programs in flight when there are many
     splits = max(-(-tiles // per_program), 1)
     # Its first tile's exponents cost a program a round trip; long ones gain more.
-    program_fold = (native and use_fp4_cache and q_form != Q_BF16 and rows == 1
+    # (Four rows a program: their head sums outweigh what it saves, measured.)
+    program_fold = (native and use_fp4_cache and q_form != Q_BF16 and rows <= 2
                     and per_program >= PROGRAM_FOLD_MIN_TILES)
     # Dependent launch pays off while the programs fit on the SMs at once (the next call's
     # programs then wait in room this launch leaves free); releasing the next call at once
