@@ -50,7 +50,7 @@ def label(setting) -> str:
     s = store.StoreSettings(*setting)
     kind = f"compact{s.ranges}" if s.compact else ("eager" if s.eager_loads else "pairs")
     return (f"{kind} {s.tokens_per_program}x{s.num_warps}" + f" r{s.max_registers}" * bool(s.max_registers)
-            + f" loop{s.loop_stages}/{s.loop_programs}" * bool(s.loop_stages))
+            + f" loop{s.loop_stages}/{s.loop_programs_per_sm}" * bool(s.loop_stages))
 
 
 def use(setting) -> None:

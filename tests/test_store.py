@@ -214,7 +214,7 @@ def _setting_id(setting):
     s = ik.store.StoreSettings(*setting)
     return (f"{s.tokens_per_program}x{s.num_warps}" + "-eager" * s.eager_loads
             + f"-{s.max_registers}-regs" * bool(s.max_registers) + f"-compact{s.ranges}" * s.compact
-            + f"-loop{s.loop_stages}x{s.loop_programs}" * bool(s.loop_stages))
+            + f"-loop{s.loop_stages}x{s.loop_programs_per_sm}" * bool(s.loop_stages))
 
 
 def test_large_ratio_2_settings_by_key_width():

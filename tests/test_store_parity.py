@@ -401,13 +401,13 @@ def test_compacted_ratio_1(use_settings):
 
 
 # ------------------------------------------------- persistent programs over token blocks
-# (block_t, warps, eager, registers, compact, ranges, loop stages, loop programs): two or
-# three programs for the test's blocks, so that each walks several.
+# (block_t, warps, eager, registers, compact, ranges, loop stages, programs per SM): off
+# CUDA a device counts as one SM, so two or three programs walk the test's blocks.
 LOOP_SETTINGS = [(4, 1, False, 0, False, 1, 2, 3), (8, 2, False, 0, False, 1, 3, 2)]
 
 
 @pytest.mark.parametrize("setting", LOOP_SETTINGS,
-                         ids=lambda s: f"{s[0]}x{s[1]}-stages{s[6]}-programs{s[7]}")
+                         ids=lambda s: f"{s[0]}x{s[1]}-stages{s[6]}-{s[7]}-per-sm")
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_persistent_programs_write_what_the_reference_writes(fmt, setting, use_settings):
     """Programs walking token blocks: ratio 2 with every position pattern (all-odd: every

@@ -8,6 +8,7 @@ byte of the cache is touched.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any
 
@@ -292,6 +293,20 @@ def native_fp8(device: torch.device) -> bool:
     compiled kernels only."""
     capability = nvidia_capability(device)
     return capability is not None and capability >= (8, 9)
+
+
+@functools.cache
+def _sm_count_of(device_type: str, index: int | None) -> int:
+    if device_type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device, read once per device (1 off CUDA)."""
+    index = device.index if device.index is not None or device.type != "cuda" else (
+        torch.cuda.current_device())
+    return _sm_count_of(device.type, index)
 
 
 # Dependent-launch modes (the kernels' ``USE_PDL`` constexprs) as the host passes them.

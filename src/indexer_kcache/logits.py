@@ -14,7 +14,6 @@ new ``q``, ``weights``, ``context_lens`` and ``block_table`` values.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -275,7 +274,7 @@ def check_logits(call: OpCall) -> LogitsPlan:
         num_cols=min(max_model_len, max_blocks * block_size), ctx_2d=ctx_2d,
         weights_bf16=weights.dtype == torch.bfloat16, clean_logits=call.clean_logits,
         native=backend == "triton" and native_dots(device), device=device,
-        sm_count=_sm_count(device),
+        sm_count=checks.sm_count(device),
         strides=dict(
             q_sb=values.stride(0), q_si=values.stride(1), q_sh=values.stride(2),
             qs_sb=scales.stride(0) if scales is not None else 0,
@@ -292,20 +291,6 @@ def check_logits(call: OpCall) -> LogitsPlan:
 # ---------------------------------------------------------------------------- settings
 def _head_pad(heads: int) -> int:
     return max(16, 1 << (heads - 1).bit_length())
-
-
-@functools.cache
-def _sm_count_of(device_type: str, index: int | None) -> int:
-    if device_type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of the device (read once per device)."""
-    index = device.index if device.index is not None or device.type != "cuda" else (
-        torch.cuda.current_device())
-    return _sm_count_of(device.type, index)
 
 
 @tunable

@@ -65,11 +65,11 @@ class StoreSettings(NamedTuple):
     # hands the written ones of each range to its lanes (the kernel's COMPACT, RANGES).
     compact: bool = False
     ranges: int = 1
-    # Persistent programs: at most ``loop_programs`` programs, each walking token blocks at
-    # a stride of the grid in a loop software-pipelined ``loop_stages`` deep (the kernel's
-    # LOOP_STAGES); 0: a program per block.
+    # Persistent programs: at most ``loop_programs_per_sm`` programs per SM, each walking
+    # token blocks at a stride of the grid in a loop software-pipelined ``loop_stages`` deep
+    # (the kernel's LOOP_STAGES); 0: a program per block.
     loop_stages: int = 0
-    loop_programs: int = 0
+    loop_programs_per_sm: int = 0
 
 
 def exact_casts_needed(device: torch.device) -> bool:
@@ -274,7 +274,7 @@ def _launch_for(plan: StorePlan, num_tokens: int) -> tuple:
             1 if settings.eager_loads else plan.compress_ratio)
     programs = -(-num_tokens // per_program)
     if settings.loop_stages:
-        programs = min(programs, settings.loop_programs)
+        programs = min(programs, settings.loop_programs_per_sm * checks.sm_count(plan.device))
     chosen = (store_settings, launch, (programs,))
     if len(plan.by_tokens) >= MAX_SIZES_KEPT:
         plan.by_tokens.clear()
