@@ -71,8 +71,7 @@ def store_counts(args) -> None:
     s = store.store_settings(STORE_TOKENS, args.ratio, use_fp4, interpreted=False)
     s = s._replace(**{name: value for name, value in (
         ("tokens_per_program", args.tokens_per_program), ("num_warps", args.warps),
-        ("eager_loads", args.eager), ("max_registers", args.max_registers),
-        ("loop_stages", args.loop_stages))
+        ("eager_loads", args.eager), ("max_registers", args.max_registers))
         if value is not None})
     signature = {"k_pre_ptr": "*bf16", "k_pre_row_stride": "i32", "positions_ptr": "*i64",
                  "cos_sin_ptr": "*fp32", "cos_sin_row_stride": "i32", "max_pos": "i32",
@@ -82,14 +81,14 @@ def store_counts(args) -> None:
                       LAYOUT=layout.ROW_MAJOR, N_PER_TILE=16, D_PER_TILE=layout.MXFP4_D_PER_TILE,
                       SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=s.tokens_per_program,
                       EAGER_LOADS=s.eager_loads, COMPACT=s.compact, RANGES=s.ranges,
-                      EXACT_CASTS=False, USE_PDL=2, LOOP_STAGES=s.loop_stages)
+                      EXACT_CASTS=False, USE_PDL=2)
     options = store.compile_options(True, True, s.max_registers) | {"num_warps": s.num_warps}
     registers, stack, first_pass = compile_counts(
         indexer_k_store_kernel, signature, constexprs,
         ("k_pre_row_stride", "cos_sin_row_stride", "page_stride"), options)
     line = (f"store {args.format} ratio {args.ratio} {s}: {registers} registers, "
             f"{stack} stack bytes, {first_pass} instructions a thread in the first pass")
-    if not s.compact and not s.loop_stages and not (args.ratio == 2 and s.eager_loads):
+    if not s.compact and not (args.ratio == 2 and s.eager_loads):
         # A program writes a token per pair at ratio 2, each of its tokens at ratio 1.
         line += f", {first_pass * s.num_warps / s.tokens_per_program:.0f} warp instructions " \
                 "a written token"
@@ -120,7 +119,6 @@ def main() -> None:
     p.add_argument("--warps", type=int)
     p.add_argument("--eager", action=argparse.BooleanOptionalAction)
     p.add_argument("--max-registers", type=int)
-    p.add_argument("--loop-stages", type=int, help="persistent programs, pipelined this deep")
     p = sub.add_parser("topk-filter")
     p.add_argument("--buckets", type=int, nargs="*", default=[0, 4096])
     args = parser.parse_args()

@@ -47,10 +47,9 @@ OVERRIDE = contextlib.ExitStack()
 
 
 def label(setting) -> str:
-    s = store.StoreSettings(*setting)
-    kind = f"compact{s.ranges}" if s.compact else ("eager" if s.eager_loads else "pairs")
-    return (f"{kind} {s.tokens_per_program}x{s.num_warps}" + f" r{s.max_registers}" * bool(s.max_registers)
-            + f" loop{s.loop_stages}/{s.loop_programs_per_sm}" * bool(s.loop_stages))
+    block_t, warps, eager, max_registers, compact, ranges = setting
+    kind = f"compact{ranges}" if compact else ("eager" if eager else "pairs")
+    return f"{kind} {block_t}x{warps}" + f" r{max_registers}" * bool(max_registers)
 
 
 def use(setting) -> None:

@@ -211,10 +211,9 @@ GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False, ke
 
 
 def _setting_id(setting):
-    s = ik.store.StoreSettings(*setting)
-    return (f"{s.tokens_per_program}x{s.num_warps}" + "-eager" * s.eager_loads
-            + f"-{s.max_registers}-regs" * bool(s.max_registers) + f"-compact{s.ranges}" * s.compact
-            + f"-loop{s.loop_stages}x{s.loop_programs_per_sm}" * bool(s.loop_stages))
+    block_t, warps, eager, max_registers, compact, ranges = setting
+    return (f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(max_registers)
+            + f"-compact{ranges}" * compact)
 
 
 def test_large_ratio_2_settings_by_key_width():

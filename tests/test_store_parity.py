@@ -399,42 +399,6 @@ def test_compacted_ratio_1(use_settings):
     assert_same_bytes(run_store(case, "triton"), run_store(case, "reference"), "compact cr1")
 
 
-
-# ------------------------------------------------- persistent programs over token blocks
-# (block_t, warps, eager, registers, compact, ranges, loop stages, programs per SM): off
-# CUDA a device counts as one SM, so two or three programs walk the test's blocks.
-LOOP_SETTINGS = [(4, 1, False, 0, False, 1, 2, 3), (8, 2, False, 0, False, 1, 3, 2)]
-
-
-@pytest.mark.parametrize("setting", LOOP_SETTINGS,
-                         ids=lambda s: f"{s[0]}x{s[1]}-stages{s[6]}-{s[7]}-per-sm")
-@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
-def test_persistent_programs_write_what_the_reference_writes(fmt, setting, use_settings):
-    """Programs walking token blocks: ratio 2 with every position pattern (all-odd: every
-    pair's both tokens write, so the deferred second passes run), a long run of skipped
-    slots, a partial last block, and ratio 1."""
-    use_settings(setting)
-    fp4, mx = FORMATS[fmt]
-    g = torch.Generator().manual_seed(setting[0] * 10 + setting[6])
-    num_tokens = 37
-    case = make_case(num_tokens, use_fp4_cache=fp4, compress_ratio=2, block_size=16,
-                     num_blocks=-(-2 * num_tokens // 16) + 1, skip_every=0, generator=g)
-    for name, positions in position_patterns(num_tokens, g).items():
-        case.positions[:num_tokens] = positions.to(case.positions)
-        case.k_pre[:num_tokens] = torch.randn(num_tokens, layout.HEAD_DIM, generator=g).to(
-            case.k_pre)
-        skip = ((case.positions[:num_tokens] + 1) % 2 != 0).cpu()
-        case.k_pre[:num_tokens][skip.to(case.k_pre.device)] = float("nan")
-        want = run_store(case, "reference", mx_scales=mx)
-        assert_same_bytes(run_store(case, "triton", mx_scales=mx), want, f"ratio 2 {name}")
-    case.slots[: num_tokens // 2 + 1] = -1  # a long run of skipped tokens
-    want = run_store(case, "reference", mx_scales=mx)
-    assert_same_bytes(run_store(case, "triton", mx_scales=mx), want, "skipped run")
-    case.compress_ratio = 1
-    case.positions[:num_tokens] = torch.randint(0, 200, (num_tokens,), generator=g).to(case.positions)
-    want = run_store(case, "reference", mx_scales=mx)
-    assert_same_bytes(run_store(case, "triton", mx_scales=mx), want, "ratio 1")
-
 # ------------------------------------------------------------------------- poisoned keys
 NAN, INF = float("nan"), float("inf")
 POISONS = [NAN, INF, -INF]
@@ -599,13 +563,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                  num_tokens="i32")
     base = dict(COMPRESS_RATIO=2, USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0,
                 D_PER_TILE=0, SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=16, EAGER_LOADS=False,
-                COMPACT=False, RANGES=1, EXACT_CASTS=False, USE_PDL=True, LOOP_STAGES=0)
+                COMPACT=False, RANGES=1, EXACT_CASTS=False, USE_PDL=True)
     aiter = dict(LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=16, D_PER_TILE=8, SCALE_LANES=2)
     variants = [  # (target, constexprs, argument types, options)
         (SM90, {}, {}, dict(num_warps=2, maxnreg=96)),  # the pairs path
         (SM90, {"COMPACT": True, "RANGES": 2}, {}, dict(num_warps=2)),
-        (SM90, {"LOOP_STAGES": 3}, {}, dict(num_warps=2)),  # persistent, pipelined
-        (SM90, {"LOOP_STAGES": 2, "COMPRESS_RATIO": 1, "USE_FP4": False}, {}, dict(num_warps=2)),
         (SM90, {"COMPRESS_RATIO": 1, "EAGER_LOADS": True, "BLOCK_T": 1, "USE_FP4": False}, {},
          dict(num_warps=1)),
         (SM90, dict(aiter, EXACT_CASTS=True), {"k_pre_ptr": "*fp32"}, dict(num_warps=2)),

@@ -65,11 +65,6 @@ class StoreSettings(NamedTuple):
     # hands the written ones of each range to its lanes (the kernel's COMPACT, RANGES).
     compact: bool = False
     ranges: int = 1
-    # Persistent programs: at most ``loop_programs_per_sm`` programs per SM, each walking
-    # token blocks at a stride of the grid in a loop software-pipelined ``loop_stages`` deep
-    # (the kernel's LOOP_STAGES); 0: a program per block.
-    loop_stages: int = 0
-    loop_programs_per_sm: int = 0
 
 
 def exact_casts_needed(device: torch.device) -> bool:
@@ -232,7 +227,6 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
         RANGES=settings.ranges,
         EXACT_CASTS=plan.exact_casts,
         USE_PDL=plan.pdl,
-        LOOP_STAGES=settings.loop_stages,
     )
 
 
@@ -272,10 +266,7 @@ def _launch_for(plan: StorePlan, num_tokens: int) -> tuple:
     else:  # pairs with compress_ratio 2, unless the rows are loaded eagerly
         per_program = settings.tokens_per_program * (
             1 if settings.eager_loads else plan.compress_ratio)
-    programs = -(-num_tokens // per_program)
-    if settings.loop_stages:
-        programs = min(programs, settings.loop_programs_per_sm * checks.sm_count(plan.device))
-    chosen = (store_settings, launch, (programs,))
+    chosen = (store_settings, launch, (-(-num_tokens // per_program),))
     if len(plan.by_tokens) >= MAX_SIZES_KEPT:
         plan.by_tokens.clear()
     plan.by_tokens[num_tokens] = chosen

@@ -272,73 +272,6 @@ def _compacted_lanes(incl, slot, pos, start, batch, BLOCK_T: tl.constexpr):
     return start + src, tl.gather(slot, src, 0), tl.gather(pos, src, 0), live
 
 
-
-@triton.jit
-def _store_block(block, lane, element, w_lo, w_hi, k_pre_ptr, k_pre_row_stride, positions_ptr,
-                 cos_sin_ptr, cos_sin_row_stride, max_pos, eps, cache_ptr, page_stride,
-                 num_slots, slot_ptr, num_tokens, COMPRESS_RATIO: tl.constexpr,
-                 USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
-                 N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, EAGER_LOADS: tl.constexpr,
-                 EXACT_CASTS: tl.constexpr):
-    """Block ``block`` of BLOCK_T tokens (BLOCK_T pairs with compress_ratio 2, unless
-    eager). Returns, per lane, 1 where both tokens of its pair write (the pair's even
-    token is then left to ``_second_pass``), else 0."""
-    if COMPRESS_RATIO == 1 or EAGER_LOADS:
-        t = lane + block * BLOCK_T
-        in_range = t < num_tokens
-        if EAGER_LOADS:
-            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, in_range)
-        slot = _load_index(slot_ptr, t, in_range)
-        pos = _load_index(positions_ptr, t, in_range)
-        write = _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO)
-        if not EAGER_LOADS:
-            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, write)
-        _norm_rope_quant_store(lo, hi, slot, pos, write, w_lo, w_hi, cos_sin_ptr,
-                               cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO,
-                               USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
-        both = tl.zeros([BLOCK_T], tl.int32)
-    else:
-        t_even = 2 * lane + block * (2 * BLOCK_T)
-        slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
-            slot_ptr, positions_ptr, t_even, num_tokens)
-        write_even = _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
-        write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
-        write = write_odd | write_even
-        lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, tl.where(write_odd, t_even + 1, t_even),
-                           element, write)
-        both = (write_odd & write_even).to(tl.int32)
-        _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
-                               tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
-                               cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
-                               COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
-                               D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
-    return both
-
-
-@triton.jit
-def _second_pass(block, lane, element, w_lo, w_hi, k_pre_ptr, k_pre_row_stride, positions_ptr,
-                 cos_sin_ptr, cos_sin_row_stride, max_pos, eps, cache_ptr, page_stride,
-                 num_slots, slot_ptr, num_tokens, COMPRESS_RATIO: tl.constexpr,
-                 USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr, LAYOUT: tl.constexpr,
-                 N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, EXACT_CASTS: tl.constexpr):
-    """The even tokens of block ``block``'s pairs where both tokens write. Re-reads the
-    (cached) indices rather than keep them live through the first pass: the register
-    budget of one pass is what sets the programs in flight."""
-    t_even = 2 * lane + block * (2 * BLOCK_T)
-    slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
-        slot_ptr, positions_ptr, t_even, num_tokens)
-    both = (_written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
-            & _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO))
-    lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t_even, element, both)
-    _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi, cos_sin_ptr,
-                           cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO,
-                           USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                           BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
-
-
 # Sizes are only compared against: specializing on their values would only add variants.
 @triton.jit(do_not_specialize=["max_pos", "num_slots", "num_tokens"])
 def indexer_k_store_kernel(
@@ -362,7 +295,6 @@ def indexer_k_store_kernel(
     RANGES: tl.constexpr,
     EXACT_CASTS: tl.constexpr,
     USE_PDL: tl.constexpr,
-    LOOP_STAGES: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
     high bit of the 8-element chunk, token, low bit of the chunk, element). Triton spreads
@@ -412,7 +344,6 @@ def indexer_k_store_kernel(
         and layout.SCALE_BYTES % SCALE_LANES == 0))
     tl.static_assert(LAYOUT != layout.FP8_TILED or BLOCK_SIZE % layout.TILE_TOKENS == 0)
     tl.static_assert(not (COMPACT and EAGER_LOADS))
-    tl.static_assert(not (COMPACT and LOOP_STAGES))
     wait_for_previous_kernel(USE_PDL)  # everything below may read what it wrote
     element = _element_index()
     # Latency-bound launches (few tokens per program) start the weight's load first, off
@@ -463,49 +394,45 @@ def indexer_k_store_kernel(
                 t_next = first + (it + 1) * RANGE + r
                 next_slot = _load_index(slot_ptr, t_next, t_next < end)
                 next_pos = _load_index(positions_ptr, t_next, t_next < end)
+    elif COMPRESS_RATIO == 1 or EAGER_LOADS:
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + lane
+        in_range = t < num_tokens
+        if EAGER_LOADS:
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, in_range)
+        slot = _load_index(slot_ptr, t, in_range)
+        pos = _load_index(positions_ptr, t, in_range)
+        write = _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO)
+        if not EAGER_LOADS:
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t, element, write)
+        _norm_rope_quant_store(lo, hi, slot, pos, write, w_lo, w_hi, cos_sin_ptr,
+                               cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO,
+                               USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
+                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
     else:
-        # Token blocks: BLOCK_T tokens, or BLOCK_T pairs with compress_ratio 2 (not eager).
-        PAIRS: tl.constexpr = COMPRESS_RATIO == 2 and not EAGER_LOADS
-        if LOOP_STAGES == 0:
-            both = _store_block(tl.program_id(0).to(tl.int64), lane, element, w_lo, w_hi,
-                                k_pre_ptr, k_pre_row_stride, positions_ptr, cos_sin_ptr,
-                                cos_sin_row_stride, max_pos, eps, cache_ptr, page_stride,
-                                num_slots, slot_ptr, num_tokens, COMPRESS_RATIO, USE_FP4,
-                                MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                                BLOCK_SIZE, BLOCK_T, EAGER_LOADS, EXACT_CASTS)
-            if PAIRS:
-                if tl.max(both, axis=0) > 0:
-                    _second_pass(tl.program_id(0).to(tl.int64), lane, element, w_lo, w_hi,
-                                 k_pre_ptr, k_pre_row_stride, positions_ptr, cos_sin_ptr,
-                                 cos_sin_row_stride, max_pos, eps, cache_ptr, page_stride,
-                                 num_slots, slot_ptr, num_tokens, COMPRESS_RATIO, USE_FP4,
-                                 MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                                 BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
-        else:
-            # Programs walk the blocks at a stride of the grid, the loop software-pipelined
-            # LOOP_STAGES deep: the next blocks' index and row loads are in flight while
-            # this one encodes. Second passes (pairs where both tokens write) wait for a
-            # loop of their own, so that the pipelined loop has no branch.
-            TOKENS: tl.constexpr = BLOCK_T * (2 if PAIRS else 1)
-            num_token_blocks = tl.cdiv(num_tokens, TOKENS)
-            any_both = tl.zeros([BLOCK_T], tl.int32)
-            # (An int32 block: its first token is below num_tokens, an int32; the helpers
-            # add the int64 lanes, so every address is computed in 64 bits.)
-            for block in tl.range(tl.program_id(0), num_token_blocks, tl.num_programs(0),
-                                  num_stages=LOOP_STAGES):
-                any_both |= _store_block(block, lane, element, w_lo, w_hi,
-                                         k_pre_ptr, k_pre_row_stride, positions_ptr,
-                                         cos_sin_ptr, cos_sin_row_stride, max_pos, eps,
-                                         cache_ptr, page_stride, num_slots, slot_ptr,
-                                         num_tokens, COMPRESS_RATIO, USE_FP4, MX_SCALES,
-                                         LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                                         BLOCK_SIZE, BLOCK_T, EAGER_LOADS, EXACT_CASTS)
-            if PAIRS:
-                if tl.max(any_both, axis=0) > 0:
-                    for block in range(tl.program_id(0), num_token_blocks, tl.num_programs(0)):
-                        _second_pass(block, lane, element, w_lo, w_hi,
-                                     k_pre_ptr, k_pre_row_stride, positions_ptr, cos_sin_ptr,
-                                     cos_sin_row_stride, max_pos, eps, cache_ptr, page_stride,
-                                     num_slots, slot_ptr, num_tokens, COMPRESS_RATIO, USE_FP4,
-                                     MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                                     BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+        t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
+        slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
+            slot_ptr, positions_ptr, t_even, num_tokens)
+        write_even = _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
+        write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
+        write = write_odd | write_even
+        lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, tl.where(write_odd, t_even + 1, t_even),
+                           element, write)
+        second_pass = tl.max((write_odd & write_even).to(tl.int32), axis=0) > 0
+        _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
+                               tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
+                               cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
+                               COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                               D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+        if second_pass:
+            # Re-read the (cached) indices rather than keep them live through the first
+            # pass: the register budget of one pass is what sets the programs in flight.
+            slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
+                slot_ptr, positions_ptr, t_even, num_tokens)
+            both = (_written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
+                    & _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO))
+            lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, t_even, element, both)
+            _norm_rope_quant_store(lo, hi, slot_even, pos_even, both, w_lo, w_hi,
+                                   cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
+                                   page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
+                                   N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
+                                   EXACT_CASTS)
