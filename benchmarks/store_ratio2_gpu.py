@@ -47,9 +47,10 @@ OVERRIDE = contextlib.ExitStack()
 
 
 def label(setting) -> str:
-    block_t, warps, eager, max_registers, compact, ranges = setting
+    block_t, warps, eager, max_registers, compact, ranges, *hint = setting
     kind = f"compact{ranges}" if compact else ("eager" if eager else "pairs")
-    return f"{kind} {block_t}x{warps}" + f" r{max_registers}" * bool(max_registers)
+    return (f"{kind} {block_t}x{warps}" + f" r{max_registers}" * bool(max_registers)
+            + (f" hint{hint[0]}" if hint and hint[0] else ""))
 
 
 def use(setting) -> None:

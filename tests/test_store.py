@@ -211,9 +211,9 @@ GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False, ke
 
 
 def _setting_id(setting):
-    block_t, warps, eager, max_registers, compact, ranges = setting
+    block_t, warps, eager, max_registers, compact, ranges, *hint = setting
     return (f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(max_registers)
-            + f"-compact{ranges}" * compact)
+            + f"-compact{ranges}" * compact + (f"-hint{hint[0]}" if hint and hint[0] else ""))
 
 
 def test_large_ratio_2_settings_by_key_width():

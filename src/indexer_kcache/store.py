@@ -65,6 +65,9 @@ class StoreSettings(NamedTuple):
     # hands the written ones of each range to its lanes (the kernel's COMPACT, RANGES).
     compact: bool = False
     ranges: int = 1
+    # Ratio-2 pairs on NVIDIA: each program hints the indices of the program this many
+    # further on into L2 (the kernel's HINT_AHEAD); 0: none.
+    hint_ahead: int = 0
 
 
 def exact_casts_needed(device: torch.device) -> bool:
@@ -227,6 +230,7 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
         RANGES=settings.ranges,
         EXACT_CASTS=plan.exact_casts,
         USE_PDL=plan.pdl,
+        HINT_AHEAD=settings.hint_ahead if plan.nvidia else 0,
     )
 
 

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .. import layout
 from ..layout import scale_offset_tl, value_offset_tl
-from .dependent_launch import wait_for_previous_kernel
+from .dependent_launch import hint_l2, wait_for_previous_kernel
 from .numerics import (
     ceil_log2_of_ratio,
     e2m1_pair,
@@ -295,6 +295,7 @@ def indexer_k_store_kernel(
     RANGES: tl.constexpr,
     EXACT_CASTS: tl.constexpr,
     USE_PDL: tl.constexpr,
+    HINT_AHEAD: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
     high bit of the 8-element chunk, token, low bit of the chunk, element). Triton spreads
@@ -331,6 +332,9 @@ def indexer_k_store_kernel(
 
     A written key with a NaN or an infinity after the norm and the rotation is stored
     poisoned: every value code zero, the scale NaN (fp32 ``0x7FC00000`` or UE8M0 ``0xFF``).
+
+    ``HINT_AHEAD`` > 0 (pairs, NVIDIA only): a program first hints the slots and positions
+    of the program that many further on into L2.
 
     ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
     kernel in the stream before touching memory, and lets the next one start launching.
@@ -409,6 +413,14 @@ def indexer_k_store_kernel(
                                USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                                BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
     else:
+        if HINT_AHEAD > 0:
+            # The slots and positions of the program HINT_AHEAD on, into L2: its first
+            # round trip then ends on chip (a hint: nothing is read into the program).
+            LINES: tl.constexpr = max(2 * BLOCK_T // 16, 1)  # 16 int64 indices a line
+            ahead = (tl.program_id(0).to(tl.int64) + HINT_AHEAD) * (2 * BLOCK_T) + 16 * tl.arange(
+                0, LINES)
+            hint_l2(slot_ptr + ahead, ahead < num_tokens)
+            hint_l2(positions_ptr + ahead, ahead < num_tokens)
         t_even = tl.program_id(0).to(tl.int64) * (2 * BLOCK_T) + 2 * lane
         slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(
             slot_ptr, positions_ptr, t_even, num_tokens)

@@ -1,0 +1,47 @@
+"""The store at ratio 2 and 256K tokens with L2 hints of the indices a program ahead
+(``StoreSettings.hint_ahead``), beside the launcher's setting, in alternated rounds.
+
+    python benchmarks/exp_store_hint.py [--calls 50] [--rounds 2]
+
+Each program of the pairs path first hints into L2 the slots and positions of the program
+``hint_ahead`` further on, so that program's first round trip (indices, then key rows)
+starts from L2. Every setting's bytes are checked against the reference on a batch with
+poisoned keys, then timed by CUDA-graph replay (``store_ratio2_gpu.Run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from store_ratio2_gpu import DEFAULT_SETTINGS, Run, use
+
+TOKENS = 262144
+AHEAD = (660, 1320, 2640, 5280)  # about a half, one, two and four rounds of resident programs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    run = Run(args.calls)
+    for rnd in range(args.rounds):
+        for fmt in ("fp8", "mxfp4", "fp8-mx"):
+            fp4 = fmt == "mxfp4"
+            default = DEFAULT_SETTINGS(TOKENS, 2, fp4, False)
+            run.measure(fmt, 2, TOKENS, default, f"default{rnd}")
+            for ahead in (AHEAD if fmt == "fp8" else AHEAD[1:3]):
+                run.measure(fmt, 2, TOKENS, default._replace(hint_ahead=ahead), f"hint{rnd}")
+    use(None)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "store_hint.json"), "w") as f:
+            json.dump({"copy_GBps": run.copy, "records": run.records}, f, indent=1)
+        with open(os.path.join(out, "store_hint.txt"), "w") as f:
+            f.write("\n".join(run.lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
