@@ -225,6 +225,8 @@ def test_large_ratio_2_settings_by_key_width():
             assert s.compact == (fp4 and key_bytes == 4), (fp4, key_bytes, s)
             if not s.compact:
                 assert (s.tokens_per_program, s.num_warps, s.max_registers) == (16, 2, 96)
+                # FP8 hints a later program's indices into L2; MXFP4 does not gain.
+                assert s.hint_ahead == (0 if fp4 else ik.store.HINT_AHEAD), (fp4, s)
     assert ik.store.store_settings(262144, 2, True, interpreted=True, key_bytes=4).ranges == 1
 
 
