@@ -47,10 +47,11 @@ OVERRIDE = contextlib.ExitStack()
 
 
 def label(setting) -> str:
-    block_t, warps, eager, max_registers, compact, ranges, *hint = setting
+    block_t, warps, eager, max_registers, compact, ranges, *hints = setting
     kind = f"compact{ranges}" if compact else ("eager" if eager else "pairs")
+    hints = hints + [0] * (2 - len(hints))
     return (f"{kind} {block_t}x{warps}" + f" r{max_registers}" * bool(max_registers)
-            + (f" hint{hint[0]}" if hint and hint[0] else ""))
+            + f" hint{hints[0]}" * bool(hints[0]) + f" rows{hints[1]}" * bool(hints[1]))
 
 
 def use(setting) -> None:
