@@ -1,7 +1,10 @@
 """The store at ratio 2 and 256K tokens with L2 hints of a later program's key and cos/sin
 rows (``StoreSettings.rows_ahead``) beside the launcher's setting, in alternated rounds.
 
-    python benchmarks/exp_store_rows_ahead.py [--calls 50] [--rounds 2]
+    python benchmarks/exp_store_rows_ahead.py [--calls 50] [--rounds 2]   (at 39c5434)
+
+Not kept (slower: BENCHMARKS.md, ratio 2): the kernel's ``ROWS_AHEAD`` and the
+setting's ``rows_ahead`` exist at 39c5434 only, where this script runs.
 
 The pairs path asks for a program's key rows once its slots and positions are in: two
 round trips, of which the indices' is taken from L2 by ``hint_ahead``. With

@@ -72,7 +72,7 @@ def store_counts(args) -> None:
     s = s._replace(**{name: value for name, value in (
         ("tokens_per_program", args.tokens_per_program), ("num_warps", args.warps),
         ("eager_loads", args.eager), ("max_registers", args.max_registers),
-        ("hint_ahead", args.hint_ahead), ("rows_ahead", args.rows_ahead))
+        ("hint_ahead", args.hint_ahead))
         if value is not None})
     signature = {"k_pre_ptr": "*bf16", "k_pre_row_stride": "i32", "positions_ptr": "*i64",
                  "cos_sin_ptr": "*fp32", "cos_sin_row_stride": "i32", "max_pos": "i32",
@@ -82,8 +82,7 @@ def store_counts(args) -> None:
                       LAYOUT=layout.ROW_MAJOR, N_PER_TILE=16, D_PER_TILE=layout.MXFP4_D_PER_TILE,
                       SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=s.tokens_per_program,
                       EAGER_LOADS=s.eager_loads, COMPACT=s.compact, RANGES=s.ranges,
-                      EXACT_CASTS=False, USE_PDL=2, HINT_AHEAD=s.hint_ahead,
-                      ROWS_AHEAD=s.rows_ahead)
+                      EXACT_CASTS=False, USE_PDL=2, HINT_AHEAD=s.hint_ahead)
     options = store.compile_options(True, True, s.max_registers) | {"num_warps": s.num_warps}
     registers, stack, first_pass = compile_counts(
         indexer_k_store_kernel, signature, constexprs,
@@ -122,7 +121,6 @@ def main() -> None:
     p.add_argument("--eager", action=argparse.BooleanOptionalAction)
     p.add_argument("--max-registers", type=int)
     p.add_argument("--hint-ahead", type=int)
-    p.add_argument("--rows-ahead", type=int)
     p = sub.add_parser("topk-filter")
     p.add_argument("--buckets", type=int, nargs="*", default=[0, 4096])
     args = parser.parse_args()

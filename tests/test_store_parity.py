@@ -564,13 +564,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     base = dict(COMPRESS_RATIO=2, USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0,
                 D_PER_TILE=0, SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=16, EAGER_LOADS=False,
                 COMPACT=False, RANGES=1, EXACT_CASTS=False, USE_PDL=True,
-                HINT_AHEAD=0, ROWS_AHEAD=0)
+                HINT_AHEAD=0)
     aiter = dict(LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=16, D_PER_TILE=8, SCALE_LANES=2)
     variants = [  # (target, constexprs, argument types, options)
         (SM90, {}, {}, dict(num_warps=2, maxnreg=96)),  # the pairs path
         (SM90, {"HINT_AHEAD": 1320}, {}, dict(num_warps=2, maxnreg=96)),  # with L2 hints
-        (SM90, {"HINT_AHEAD": 1320, "ROWS_AHEAD": 660, "USE_FP4": False}, {},  # and row hints
-         dict(num_warps=2, maxnreg=96)),
         (SM90, {"COMPACT": True, "RANGES": 2}, {}, dict(num_warps=2)),
         (SM90, {"COMPRESS_RATIO": 1, "EAGER_LOADS": True, "BLOCK_T": 1, "USE_FP4": False}, {},
          dict(num_warps=1)),

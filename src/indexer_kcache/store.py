@@ -71,10 +71,6 @@ class StoreSettings(NamedTuple):
     # Ratio-2 pairs on NVIDIA: each program hints the indices of the program this many
     # further on into L2 (the kernel's HINT_AHEAD); 0: none.
     hint_ahead: int = 0
-    # Ratio-2 pairs on NVIDIA, below hint_ahead: each program reads the indices of the
-    # program this many further on and hints its key and cos/sin rows into L2 (the
-    # kernel's ROWS_AHEAD); 0: none.
-    rows_ahead: int = 0
 
 
 def exact_casts_needed(device: torch.device) -> bool:
@@ -241,7 +237,6 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
         EXACT_CASTS=plan.exact_casts,
         USE_PDL=plan.pdl,
         HINT_AHEAD=settings.hint_ahead if plan.nvidia else 0,
-        ROWS_AHEAD=settings.rows_ahead if plan.nvidia else 0,
     )
 
 

@@ -272,39 +272,6 @@ def _compacted_lanes(incl, slot, pos, start, batch, BLOCK_T: tl.constexpr):
     return start + src, tl.gather(slot, src, 0), tl.gather(pos, src, 0), live
 
 
-@triton.jit
-def _hint_row_lines(row_ptr, wanted, ROW_BYTES: tl.constexpr):
-    """Hint into L2 the 128-byte lines of the rows starting at ``row_ptr`` ([T]), where
-    ``wanted``: byte offsets 0, 128, ... and, for the last, the row's last byte (a row
-    that does not start on a line keeps at most one middle line unhinted)."""
-    LINES: tl.constexpr = ROW_BYTES // 128
-    line = tl.arange(0, LINES)
-    offset = tl.where(line == LINES - 1, ROW_BYTES - 1, line * 128)
-    byte_ptr = row_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
-    hint_l2(byte_ptr[:, None] + offset[None, :],
-            tl.broadcast_to(wanted[:, None], [wanted.shape[0], LINES]))
-
-
-@triton.jit
-def _hint_rows_ahead(k_pre_ptr, k_pre_row_stride, positions_ptr, cos_sin_ptr,
-                     cos_sin_row_stride, slot_ptr, num_tokens, num_slots, max_pos, t_even,
-                     COMPRESS_RATIO: tl.constexpr):
-    """Hint into L2 the key and cos/sin rows of the tokens the pairs (t_even, t_even + 1)
-    ([T]) write in their first pass: their indices are read (from L2, where an earlier hint
-    put them), the rows only hinted."""
-    slot_even, pos_even, slot_odd, pos_odd = _load_pair_indices(slot_ptr, positions_ptr, t_even,
-                                                                num_tokens)
-    write_odd = _written(slot_odd, pos_odd, num_slots, max_pos, COMPRESS_RATIO)
-    write = write_odd | _written(slot_even, pos_even, num_slots, max_pos, COMPRESS_RATIO)
-    t = tl.where(write_odd, t_even + 1, t_even)
-    pos = tl.where(write_odd, pos_odd, pos_even)
-    KEY_BYTES: tl.constexpr = layout.HEAD_DIM * k_pre_ptr.dtype.element_ty.primitive_bitwidth // 8
-    CS_BYTES: tl.constexpr = layout.ROPE_DIM * cos_sin_ptr.dtype.element_ty.primitive_bitwidth // 8
-    _hint_row_lines(k_pre_ptr + t * k_pre_row_stride, write, KEY_BYTES)
-    group_pos = pos - pos % COMPRESS_RATIO  # only used where the token writes
-    _hint_row_lines(cos_sin_ptr + group_pos * cos_sin_row_stride, write, CS_BYTES)
-
-
 # Sizes are only compared against: specializing on their values would only add variants.
 @triton.jit(do_not_specialize=["max_pos", "num_slots", "num_tokens"])
 def indexer_k_store_kernel(
@@ -329,7 +296,6 @@ def indexer_k_store_kernel(
     EXACT_CASTS: tl.constexpr,
     USE_PDL: tl.constexpr,
     HINT_AHEAD: tl.constexpr,
-    ROWS_AHEAD: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
     high bit of the 8-element chunk, token, low bit of the chunk, element). Triton spreads
@@ -368,10 +334,7 @@ def indexer_k_store_kernel(
     poisoned: every value code zero, the scale NaN (fp32 ``0x7FC00000`` or UE8M0 ``0xFF``).
 
     ``HINT_AHEAD`` > 0 (pairs, NVIDIA only): a program first hints the slots and positions
-    of the program that many further on into L2. ``ROWS_AHEAD`` > 0 (pairs, NVIDIA only,
-    below ``HINT_AHEAD``): once its own key rows are asked for, a program reads the indices
-    of the program that many further on (from L2, hinted earlier) and hints that program's
-    key and cos/sin rows into L2, so its second round trip ends on chip too.
+    of the program that many further on into L2.
 
     ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
     kernel in the stream before touching memory, and lets the next one start launching.
@@ -466,11 +429,6 @@ def indexer_k_store_kernel(
         write = write_odd | write_even
         lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, tl.where(write_odd, t_even + 1, t_even),
                            element, write)
-        if ROWS_AHEAD > 0:
-            tl.static_assert(ROWS_AHEAD < HINT_AHEAD, "the rows' indices must be hinted first")
-            _hint_rows_ahead(k_pre_ptr, k_pre_row_stride, positions_ptr, cos_sin_ptr,
-                             cos_sin_row_stride, slot_ptr, num_tokens, num_slots, max_pos,
-                             t_even + ROWS_AHEAD * (2 * BLOCK_T), COMPRESS_RATIO)
         second_pass = tl.max((write_odd & write_even).to(tl.int32), axis=0) > 0
         _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
                                tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
