@@ -30,6 +30,8 @@ def _apply(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK: tl.c
         y = numerics.ceil_log2_of_ratio(tl.maximum(x, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
     elif OP == 7:
         y = numerics.ceil_log2_of_ratio(tl.maximum(x, layout.MXFP4_AMAX_FLOOR), layout.MXFP4_MAX)
+    elif OP == 8:
+        y = numerics.floats_to_e4m3(x, EXACT)
     else:
         y = numerics.e2m1_to_float(x)
     tl.store(out_ptr + offs, y, mask=mask)
@@ -45,8 +47,10 @@ def _apply_pair(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK:
     if OP == 0:
         x, y = numerics.round_to_bf16_pair(x, y, EXACT)
         tl.store(out_ptr + n + offs, y, mask=mask)
-    else:
+    elif OP == 1:
         x = numerics.e2m1_pair(x, y, EXACT)
+    else:
+        x = numerics.e2m1_pairs_to_bytes(x, y, EXACT)
     tl.store(out_ptr + offs, x, mask=mask)
 
 
@@ -102,15 +106,16 @@ def test_bf16_rounding_in_pairs(exact):
     assert torch.equal(out, torch.cat([x, y]).to(torch.bfloat16).float())
 
 
+@pytest.mark.parametrize("op", [1, 8], ids=["one", "four-a-conversion"])
 @pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
-def test_e4m3_encoding_is_round_to_nearest_even(exact):
+def test_e4m3_encoding_is_round_to_nearest_even(exact, op):
     grid = torch.arange(0, 256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
     grid = grid[grid.isfinite() & (grid.abs() <= 448)]
     midpoints = (grid.sort().values[1:] + grid.sort().values[:-1]) / 2  # exact ties
     x = torch.cat([grid, midpoints, random_floats(8192, -12, 9).clamp(-448, 448),
                    torch.tensor([136.0, 7.9375, 31.5, 2.0**-10, 3 * 2.0**-11, 1e-30, -0.0])])
     want = x.to(torch.float8_e4m3fn).view(torch.uint8)
-    got = apply(1, x, torch.uint8, exact)
+    got = apply(op, x, torch.uint8, exact)
     zero = want & 0x7F == 0
     assert torch.equal(got[~zero], want[~zero])
     assert (got[zero] & 0x7F == 0).all()
@@ -138,11 +143,13 @@ def test_e2m1_encoding_of_every_bf16_up_to_6(exact):
     assert torch.equal(apply(3, x, torch.int32, exact), reference.e2m1_codes(x))
 
 
+@pytest.mark.parametrize("op", [1, 2], ids=["a-pair", "four-pairs-a-conversion"])
 @pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
-def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact):
+def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact, op):
     """The store's byte of two codes (inline PTX natively: the exponent arithmetic, the
-    paired e4m3 conversion and the nibble gathering) over every bf16 value in [-6, 6], each
-    paired with a shuffled one, and scaled values down to the float32 subnormals."""
+    paired e4m3 conversion and the nibble gathering, a pair or four pairs at a time) over
+    every bf16 value in [-6, 6], each paired with a shuffled one, and scaled values down to
+    the float32 subnormals."""
     bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).float()
     big = x[x.abs() >= 1]
@@ -150,7 +157,8 @@ def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact):
     x = torch.cat([x, -x])
     y = x[torch.randperm(x.numel())]
     want = reference.e2m1_codes(x) | (reference.e2m1_codes(y) << 4)
-    assert torch.equal(apply_pair(1, x, y, torch.int32, exact), want.to(torch.int32))
+    out_dtype = torch.int32 if op == 1 else torch.uint8
+    assert torch.equal(apply_pair(op, x, y, out_dtype, exact), want.to(out_dtype))
 
 
 def test_e2m1_decoding_every_code():

@@ -174,7 +174,8 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     ``benchmarks/tune_store.py`` (results and reasons: BENCHMARKS.md, "The store").
 
     Small launches are latency-bound (a token or two per program, key rows loaded with the
-    indices); large ones bandwidth-bound (32 tokens per program over several warps). Ratio 2
+    indices); large ones bandwidth-bound (32 tokens per program over several warps; at ratio
+    2 up to 64K tokens, 8 token pairs on one warp). Ratio 2
     takes token pairs, so that the rows of skipped tokens are not read, and needs more
     programs in flight (a register cap) above 64K tokens, except for float32 keys into
     MXFP4, whose pairs would spill: those compact each range's written tokens onto the
@@ -191,7 +192,7 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     if num_tokens <= 8192:
         return StoreSettings(8, 1, True, 0) if compress_ratio == 1 else StoreSettings(4, 1, False, 0)
     if num_tokens <= 65536:
-        return StoreSettings(32, 4, compress_ratio == 1, 0)
+        return StoreSettings(32, 4, True, 0) if compress_ratio == 1 else StoreSettings(8, 1, False, 0)
     if compress_ratio == 2:  # see BENCHMARKS.md, ratio 2
         if use_fp4 and key_bytes > 2:  # float32 keys: the pairs path spills
             return StoreSettings(8, 1, False, 0, True, 2)

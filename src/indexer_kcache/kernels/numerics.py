@@ -112,6 +112,30 @@ def float_to_e4m3(v, EXACT_CASTS: tl.constexpr):
     return byte
 
 
+# Four e4m3 bytes from four floats in one register (two paired conversions): with the
+# codes packed as they are stored, the compiler has no byte to extract and re-pack.
+_E4M3_X4_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .b16 lo, hi;
+cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;
+cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;
+mov.b32 $0, {lo, hi};
+}
+""")
+
+
+@triton.jit
+def floats_to_e4m3(v, EXACT_CASTS: tl.constexpr):
+    """``float_to_e4m3`` of every element (uint8); natively four a conversion, so the last
+    axis must hold a multiple of four elements a thread."""
+    if EXACT_CASTS:
+        byte = float_to_e4m3(v, EXACT_CASTS)
+    else:
+        byte = tl.inline_asm_elementwise(_E4M3_X4_PTX, "=r,r,r,r,r", [v], dtype=tl.uint8,
+                                         is_pure=True, pack=4)
+    return byte
+
+
 @triton.jit
 def e4m3_to_float(byte):
     """OCP e4m3fn byte -> float32 (exact; 0x7F/0xFF are NaN)."""
@@ -182,6 +206,64 @@ and.b32 s, s, 128;                          // sign of y -> bit 7
 or.b32 $0, h, s;
 }
 """)
+
+
+def _e2m1_x4_ptx() -> str:
+    """Four E2M1 bytes (x: low nibbles, y: high ones) in one register: the method of
+    ``_E2M1_PAIR_PTX`` for each pair, then the eight codes' nibbles and signs gathered a
+    register at a time (byte permutes) instead of a pair at a time."""
+    lines = [".reg .b32 a, e, t<8>, h<2>, xs, ys;", ".reg .b16 c<4>;"]
+    for k in range(4):
+        for v, arg in (("x", 1 + k), ("y", 5 + k)):
+            n = 2 * k + (v == "y")
+            lines += [
+                f"abs.f32 a, ${arg};",
+                "max.f32 e, a, 0f3F800000;",       # max(|v|, 1)
+                "shr.u32 e, e, 23;",               # its exponent field, 127 + d
+                f"mad.lo.s32 t{n}, e, 2097152, 748683264;",   # offset (8 + 2 d) 2**-9
+                "mad.lo.s32 e, e, -8388608, 2063597568;",     # scale 2**(-8 - d)
+                f"fma.rn.f32 t{n}, a, e, t{n};",
+            ]
+        lines.append(f"cvt.rn.satfinite.e4m3x2.f32 c{k}, t{2 * k + 1}, t{2 * k};")
+    lines += [
+        "mov.b32 h0, {c0, c1};",                   # 8 + index: x0, y0, x1, y1
+        "mov.b32 h1, {c2, c3};",
+        "prmt.b32 xs, h0, h1, 0x6420;",            # x0 .. x3
+        "prmt.b32 ys, h0, h1, 0x7531;",            # y0 .. y3
+        "shl.b32 ys, ys, 4;",
+        "and.b32 xs, xs, 0x07070707;",
+        "and.b32 ys, ys, 0x70707070;",
+        "or.b32 h0, xs, ys;",                      # index y << 4 | index x, a byte a pair
+        "prmt.b32 xs, $1, $2, 0x0073;",            # the x's top bytes: sign in bit 7
+        "prmt.b32 t0, $3, $4, 0x0073;",
+        "prmt.b32 xs, xs, t0, 0x5410;",
+        "prmt.b32 ys, $5, $6, 0x0073;",            # the y's
+        "prmt.b32 t0, $7, $8, 0x0073;",
+        "prmt.b32 ys, ys, t0, 0x5410;",
+        "shr.b32 xs, xs, 4;",
+        "and.b32 xs, xs, 0x08080808;",             # sign of x -> bit 3
+        "and.b32 ys, ys, 0x80808080;",             # sign of y -> bit 7
+        "or.b32 h0, h0, xs;",
+        "or.b32 $0, h0, ys;",
+    ]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_E2M1_X4_PTX: tl.constexpr = tl.constexpr(_e2m1_x4_ptx())
+
+
+@triton.jit
+def e2m1_pairs_to_bytes(x, y, EXACT_CASTS: tl.constexpr):
+    """``e2m1_pair`` as uint8; natively four bytes a conversion where the tensors are large
+    (for a few pairs a thread, a pair at a time is the shorter chain)."""
+    if EXACT_CASTS or x.numel < 256:  # few pairs a thread (latency-bound launches): a pair at a time
+        byte = e2m1_pair(x, y, EXACT_CASTS).to(tl.uint8)
+    else:
+        byte = tl.inline_asm_elementwise(
+            _E2M1_X4_PTX, "=r,r,r,r,r,r,r,r,r",
+            [x.to(tl.int32, bitcast=True), y.to(tl.int32, bitcast=True)],
+            dtype=tl.uint8, is_pure=True, pack=4)
+    return byte
 
 
 @triton.jit

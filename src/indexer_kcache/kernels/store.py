@@ -14,8 +14,8 @@ from ..layout import scale_offset_tl, value_offset_tl
 from .dependent_launch import hint_l2, wait_for_previous_kernel
 from .numerics import (
     ceil_log2_of_ratio,
-    e2m1_pair,
-    float_to_e4m3,
+    e2m1_pairs_to_bytes,
+    floats_to_e4m3,
     pow2,
     round_to_bf16_pair,
     widen_to_float32,
@@ -54,26 +54,29 @@ def _store_bytes(page_ptr, p, byte_index, values, write, finite,
                  BLOCK_SIZE: tl.constexpr, VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr,
                  N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr):
     """Store a half's value bytes; ``byte_index`` [2, 2, 1, 2, W] is the byte in the row.
-    Written tokens get ``values`` if ``finite``, else zeros: a select per byte, rather than
-    a program-wide "any poisoned?" reduction (a barrier in every program) and a branch."""
+    Written tokens get ``values`` if ``finite``, else zeros: a second store over the first,
+    by the same threads (same pointers, same layout) and predicated off for finite keys,
+    which costs fewer instructions than a select per byte and no program-wide "any
+    poisoned?" reduction (a barrier in every program)."""
     ptr = _per_token(page_ptr) + value_offset_tl(_per_token(p), byte_index, BLOCK_SIZE,
                                                  VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
                                                  SCALE_LANES)
     # ``finite`` comes from reductions of the key's own tensors: expanded back, it has
     # their layout, and combining the masks there moves no data between threads.
-    tl.store(ptr, tl.where(_per_token(finite), values, 0), mask=_per_token(write))
+    tl.store(ptr, values, mask=_per_token(write))
+    tl.store(ptr, tl.zeros_like(values), mask=_per_token(write & ~finite))
 
 
 @triton.jit
-def _store_scales(page_ptr, p, first, scale_bytes, mask, BLOCK_SIZE: tl.constexpr,
+def _store_scales(page_ptr, p, index, scale_bytes, mask, BLOCK_SIZE: tl.constexpr,
                   VALUE_BYTES: tl.constexpr, LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr,
                   D_PER_TILE: tl.constexpr, SCALE_LANES: tl.constexpr):
-    """Store scale bytes [BLOCK_T, W] as the token's scale bytes first .. first + W - 1."""
-    W: tl.constexpr = scale_bytes.shape[1]
-    i = first + tl.arange(0, W)
-    offset = scale_offset_tl(p[:, None], i[None, :], BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
+    """Store scale bytes as the tokens' scale bytes ``index``: both of a half key's rank
+    (five axes, the token's the third), so that they keep its layout (a tensor of another
+    shape is laid out apart, and the per-token values it needs recomputed for it)."""
+    offset = scale_offset_tl(_per_token(p), index, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                              D_PER_TILE, SCALE_LANES)
-    tl.store(page_ptr[:, None] + offset, scale_bytes, mask=mask[:, None])
+    tl.store(_per_token(page_ptr) + offset, scale_bytes, mask=_per_token(mask))
 
 
 @triton.jit
@@ -127,8 +130,7 @@ def _fp8_codes(x, y, inv_scale, EXACT_CASTS: tl.constexpr):
     if EXACT_CASTS:  # the hardware conversion saturates by itself
         x = tl.minimum(tl.maximum(x, -layout.FP8_MAX), layout.FP8_MAX)
         y = tl.minimum(tl.maximum(y, -layout.FP8_MAX), layout.FP8_MAX)
-    codes = tl.join(float_to_e4m3(x, EXACT_CASTS), float_to_e4m3(y, EXACT_CASTS))
-    return tl.reshape(codes, [2, 2, T, 2, 8])
+    return floats_to_e4m3(tl.reshape(tl.join(x, y), [2, 2, T, 2, 8]), EXACT_CASTS)
 
 
 @triton.jit
@@ -140,16 +142,21 @@ def _mxfp4_half(x, y, amax, EXACT_CASTS: tl.constexpr):
     e = ceil_log2_of_ratio(amax, layout.MXFP4_MAX)
     e = tl.minimum(tl.maximum(e, -layout.UE8M0_BIAS), layout.UE8M0_BIAS)  # a UE8M0 byte: 0..254
     inv_scale = pow2(-e)[:, None, :, None, None]
-    packed = e2m1_pair(x * inv_scale, y * inv_scale, EXACT_CASTS)
-    return packed.to(tl.uint8), e
+    return e2m1_pairs_to_bytes(x * inv_scale, y * inv_scale, EXACT_CASTS), e
 
 
 @triton.jit
 def _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO: tl.constexpr):
-    """Whether each token writes: a group boundary with an in-range slot and group position."""
-    group_pos = pos - pos % COMPRESS_RATIO  # only used where pos >= 0
-    return ((slot >= 0) & (slot < num_slots) & (pos >= 0)
-            & ((pos + 1) % COMPRESS_RATIO == 0) & (group_pos < max_pos))
+    """Whether each token writes: a group boundary with an in-range slot and group position.
+
+    In unsigned compares (a negative index is huge): 0 <= slot < num_slots, and pos >= 0
+    with pos % ratio == ratio - 1 (the ratio is 1 or 2) and group position pos - (ratio - 1)
+    < max_pos."""
+    tl.static_assert(COMPRESS_RATIO == 1 or COMPRESS_RATIO == 2)
+    pos_end = max_pos.to(tl.int64) + (COMPRESS_RATIO - 1)
+    return ((slot.to(tl.uint64) < num_slots.to(tl.uint64))
+            & ((pos & (COMPRESS_RATIO - 1)) == COMPRESS_RATIO - 1)
+            & (pos.to(tl.uint64) < pos_end.to(tl.uint64)))
 
 
 @triton.jit
@@ -191,7 +198,7 @@ def _norm_rope_quant_store(
     HALF: tl.constexpr = layout.HEAD_DIM // 2
     tl.static_assert(layout.ROPE_DIM == HALF, "the high half is the rotated one")
     element = _element_index()
-    group_pos = pos - pos % COMPRESS_RATIO
+    group_pos = pos - (COMPRESS_RATIO - 1)  # of a token that writes (see _written)
     # cos/sin of RoPE pair j = 16 g + 4 c + q of the high half.
     cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _pair_index()
     cos = widen_to_float32(tl.load(cs_ptr, mask=_per_token(write), other=0.0), EXACT_CASTS)
@@ -207,8 +214,11 @@ def _norm_rope_quant_store(
     sum_sq = _half_sum_of_squares(lo_x, lo_y) + _half_sum_of_squares(hi_x, hi_y)
     inv_rms = _per_token(tl.div_rn(1.0, tl.sqrt_rn(sum_sq * (1.0 / layout.HEAD_DIM) + eps)))
     if BLOCK_T > 8:
-        w_lo = tl.load(w_lo + element)
-        w_hi = tl.load(w_hi + HALF + element)
+        # Loaded at the keys' shape, so in their layout: a load at the weight's own shape
+        # would be laid out apart and moved through shared memory (barriers).
+        KEYS: tl.constexpr = [2, 2, BLOCK_T, 2, 8]
+        w_lo = tl.load(tl.broadcast_to(w_lo + element, KEYS))
+        w_hi = tl.load(tl.broadcast_to(w_hi + HALF + element, KEYS))
     w_x, w_y = _split_pairs(w_lo, EXACT_CASTS)
     lo_x, lo_y = round_to_bf16_pair(lo_x * inv_rms * w_x, lo_y * inv_rms * w_y, EXACT_CASTS)
     w_x, w_y = _split_pairs(w_hi, EXACT_CASTS)
@@ -221,8 +231,9 @@ def _norm_rope_quant_store(
     hi_bits = _amax_bits_by_group(hi_x, hi_y)
     key_bits = tl.max(tl.maximum(lo_bits, hi_bits), axis=0)
     finite = key_bits < INF_BITS
-    page_ptr = cache_ptr + (slot // BLOCK_SIZE) * page_stride
-    p = slot % BLOCK_SIZE
+    # Unsigned: the slot of a token that writes is not negative (see _written).
+    page_ptr = cache_ptr + (slot.to(tl.uint64) // BLOCK_SIZE).to(tl.int64) * page_stride
+    p = (slot.to(tl.uint64) % BLOCK_SIZE).to(tl.int64)
     if USE_FP4:
         lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, lo_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
         hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, hi_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
@@ -234,10 +245,11 @@ def _norm_rope_quant_store(
                      SCALE_LANES)
         lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
         hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-        _store_scales(page_ptr, p, 0, tl.trans(lo_scales).to(tl.uint8), write, BLOCK_SIZE,
-                      VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
-        _store_scales(page_ptr, p, 2, tl.trans(hi_scales).to(tl.uint8), write, BLOCK_SIZE,
-                      VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        g = tl.arange(0, 2)[:, None, None, None, None]  # scale byte g of a half
+        _store_scales(page_ptr, p, g, lo_scales[:, None, :, None, None].to(tl.uint8), write,
+                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        _store_scales(page_ptr, p, 2 + g, hi_scales[:, None, :, None, None].to(tl.uint8), write,
+                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
     else:
         key_amax = key_bits.to(tl.float32, bitcast=True)
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
@@ -248,14 +260,14 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
                      write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
-        i4 = tl.arange(0, layout.SCALE_BYTES)[None, :]
+        i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
         if MX_SCALES:  # four equal UE8M0 bytes
             biased = tl.where(finite, e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-            scale_bytes = tl.broadcast_to(biased[:, None], [BLOCK_T, layout.SCALE_BYTES])
+            scale_bytes = tl.broadcast_to(_per_token(biased), [1, 1, BLOCK_T, 1, layout.SCALE_BYTES])
         else:  # the fp32 2**e, little-endian
             bits = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
-            scale_bytes = (bits[:, None] >> (8 * i4)) & 0xFF
-        _store_scales(page_ptr, p, 0, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+            scale_bytes = (_per_token(bits) >> (8 * i4)) & 0xFF
+        _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
                       LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
 
 
@@ -429,7 +441,9 @@ def indexer_k_store_kernel(
         write = write_odd | write_even
         lo, hi = _load_key(k_pre_ptr, k_pre_row_stride, tl.where(write_odd, t_even + 1, t_even),
                            element, write)
-        second_pass = tl.max((write_odd & write_even).to(tl.int32), axis=0) > 0
+        # Reduced at the keys' rank, so that the per-token values keep their layout.
+        second_pass = tl.max(tl.reshape(_per_token((write_odd & write_even).to(tl.int32)),
+                                        [BLOCK_T]), axis=0) > 0
         _norm_rope_quant_store(lo, hi, tl.where(write_odd, slot_odd, slot_even),
                                tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
                                cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
