@@ -107,21 +107,38 @@ def test_extreme_values_match_oracle(fp4):
         assert_same_bytes(run_store(case, backend), want, f"{backend} vs oracle")
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=["int64", "int32"])
+@pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_out_of_range_slots_and_positions_write_nothing(backend):
-    case = make_case(24, block_size=16, num_blocks=2, compress_ratio=1, skip_every=0)
+def test_out_of_range_slots_and_positions_write_nothing(backend, compress_ratio, index_dtype):
+    """Slots and positions out of range, down to the index type's extremes and values whose
+    low 32 bits are in range, write nothing; each bad token is otherwise a writer (a valid
+    slot, a group-end position)."""
+    case = make_case(24, block_size=16, num_blocks=2, compress_ratio=compress_ratio,
+                     skip_every=0, index_dtype=index_dtype)
     num_slots, max_pos = 32, case.cos_sin_cache.shape[0]
-    bad = torch.tensor([0, 3, 5, 8, 13, 21], device=case.slots.device)
-    case.slots[bad[:2]] = torch.tensor([num_slots, 10**12], dtype=case.slots.dtype,
-                                       device=case.slots.device)
-    case.slots[bad[2]] = -7
-    case.positions[bad[3:]] = torch.tensor([-1, max_pos, 2**40], dtype=case.positions.dtype,
-                                           device=case.positions.device)
+    low, high = torch.iinfo(index_dtype).min, torch.iinfo(index_dtype).max
+    bad_slots = [num_slots, -7, low, high] + ([2**32 + 3, -2**32 + 3, 10**12]
+                                              if index_dtype == torch.int64 else [])
+    # Odd positions are group ends at ratio 2 too; the last: the first group past the
+    # cos/sin rows (max_pos is even).
+    bad_positions = [-1, low + 1, high, max_pos + compress_ratio - 1]
+    if index_dtype == torch.int64:
+        bad_positions += [2**32 + 1, 2**40 + 1]
+    tokens = torch.randperm(24)[:len(bad_slots) + len(bad_positions)].tolist()
+    writer_pos = 2 * torch.arange(24, device=case.positions.device) + 1  # in range, odd
+    case.positions[:24] = writer_pos.to(index_dtype)
+    for token, slot in zip(tokens[:len(bad_slots)], bad_slots, strict=True):
+        case.slots[token] = slot
+    for token, pos in zip(tokens[len(bad_slots):], bad_positions, strict=True):
+        case.positions[token] = pos
+    assert int(writer_pos.max()) < max_pos and max_pos % 2 == 0
     got = run_store(case, backend)
     # The same call with those tokens skipped explicitly.
-    case.slots[bad] = -1
+    case.slots[tokens] = -1
     want = run_store(case, "reference")
     assert_same_bytes(got, want, "out-of-range tokens")
+    assert (pages(want) != pages(case.new_cache())).any()  # the good tokens did write
 
 
 def test_check_bounds_names_the_first_bad_token():
