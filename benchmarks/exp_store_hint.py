@@ -13,22 +13,14 @@ hints ``store.HINT_AHEAD`` programs ahead for FP8 and not for MXFP4 (BENCHMARKS.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-
-from store_ratio2_gpu import DEFAULT_SETTINGS, Run, use
+from store_ratio2_gpu import DEFAULT_SETTINGS, experiment, use
 
 TOKENS = 262144
 AHEAD = (660, 1320, 2640, 5280)  # about a half, one, two and four rounds of resident programs
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    run = Run(args.calls)
+    args, run = experiment(__doc__)
     for rnd in range(args.rounds):
         for fmt in ("fp8", "mxfp4", "fp8-mx"):
             fp4 = fmt == "mxfp4"
@@ -37,12 +29,7 @@ def main() -> None:
             for ahead in (AHEAD if fmt == "fp8" else AHEAD[1:3]):
                 run.measure(fmt, 2, TOKENS, plain._replace(hint_ahead=ahead), f"hint{rnd}")
     use(None)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "store_hint.json"), "w") as f:
-            json.dump({"copy_GBps": run.copy, "records": run.records}, f, indent=1)
-        with open(os.path.join(out, "store_hint.txt"), "w") as f:
-            f.write("\n".join(run.lines) + "\n")
+    run.save("store_hint")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,7 @@ keys, then timed by CUDA-graph replay (``store_ratio2_gpu.Run``).
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-
-from store_ratio2_gpu import DEFAULT_SETTINGS, Run, use
+from store_ratio2_gpu import DEFAULT_SETTINGS, experiment, use
 
 TOKENS = 262144
 # (format, changes to the launcher's setting)
@@ -44,22 +40,13 @@ VARIANTS = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    run = Run(args.calls)
+    args, run = experiment(__doc__)
     for rnd in range(args.rounds):
         for fmt, changes in VARIANTS:
             setting = DEFAULT_SETTINGS(TOKENS, 2, fmt == "mxfp4", False)._replace(**changes)
             run.measure(fmt, 2, TOKENS, setting, f"{'rows' if changes else 'default'}{rnd}")
     use(None)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "store_rows_ahead.json"), "w") as f:
-            json.dump({"copy_GBps": run.copy, "records": run.records}, f, indent=1)
-        with open(os.path.join(out, "store_rows_ahead.txt"), "w") as f:
-            f.write("\n".join(run.lines) + "\n")
+    run.save("store_rows_ahead")
 
 
 if __name__ == "__main__":

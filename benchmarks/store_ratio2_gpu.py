@@ -93,6 +93,15 @@ def batch(fp4: bool, ratio: int, tokens: int, k_pre_dtype: torch.dtype):
     return inputs, bad, want
 
 
+def experiment(doc: str, rounds: int = 2) -> tuple[argparse.Namespace, Run]:
+    """An experiment script's options (``--calls``, ``--rounds``) and its ``Run``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    args = parser.parse_args()
+    return args, Run(args.calls)
+
+
 class Run:
     def __init__(self, calls: int) -> None:
         self.calls = calls
@@ -105,6 +114,16 @@ class Run:
     def say(self, line: str) -> None:
         print(line, flush=True)
         self.lines.append(line)
+
+    def save(self, name: str) -> None:
+        """Write ``<name>.json`` (the records) and ``<name>.txt`` (the lines) to ``$OUT``,
+        if it is set."""
+        out = os.environ.get("OUT")
+        if out:
+            with open(os.path.join(out, f"{name}.json"), "w") as f:
+                json.dump({"copy_GBps": self.copy, "records": self.records}, f, indent=1)
+            with open(os.path.join(out, f"{name}.txt"), "w") as f:
+                f.write("\n".join(self.lines) + "\n")
 
     def measure(self, fmt: str, ratio: int, tokens: int, setting, section: str,
                 k_pre_dtype=torch.bfloat16) -> dict:
