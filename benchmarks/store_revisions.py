@@ -56,7 +56,6 @@ def main() -> None:
     times: dict[tuple, dict[str, list[float]]] = {}
     sizes: dict[tuple, int] = {}
     lines = []
-    copy = None
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -77,10 +76,9 @@ def main() -> None:
                 sizes[key] = row["bytes"]
                 say(f"round {rnd} {name:3} {row['format']:6} cr{row['ratio']} {row['tokens']:>7} "
                     f"{row['us']:8.2f} us{'' if row['ok'] else '  BYTES DIFFER'}")
-    if copy is None:
-        sys.path.insert(0, trees["new"])
-        from indexer_kcache import bench
-        copy = bench.copy_bandwidth_GBps()
+    sys.path.insert(0, trees["new"])
+    from indexer_kcache import bench
+    copy = bench.copy_bandwidth_GBps()
     say(f"median of {args.rounds} rounds; copy {copy:.0f} GB/s")
     say(f"{'format':6} {'cr':>2} {'tokens':>7} {'old us':>8} {'new us':>8} {'old %':>6} {'new %':>6} "
         f"{'new/old':>7}")

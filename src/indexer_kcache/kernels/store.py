@@ -232,8 +232,9 @@ def _norm_rope_quant_store(
     key_bits = tl.max(tl.maximum(lo_bits, hi_bits), axis=0)
     finite = key_bits < INF_BITS
     # Unsigned: the slot of a token that writes is not negative (see _written).
-    page_ptr = cache_ptr + (slot.to(tl.uint64) // BLOCK_SIZE).to(tl.int64) * page_stride
-    p = (slot.to(tl.uint64) % BLOCK_SIZE).to(tl.int64)
+    unsigned_slot = slot.to(tl.uint64)
+    page_ptr = cache_ptr + (unsigned_slot // BLOCK_SIZE).to(tl.int64) * page_stride
+    p = (unsigned_slot % BLOCK_SIZE).to(tl.int64)
     if USE_FP4:
         lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, lo_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
         hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, hi_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
