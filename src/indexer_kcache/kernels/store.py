@@ -244,13 +244,11 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index, hi_packed, write, finite,
                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
                      SCALE_LANES)
-        lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-        hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-        g = tl.arange(0, 2)[:, None, None, None, None]  # scale byte g of a half
-        _store_scales(page_ptr, p, g, lo_scales[:, None, :, None, None].to(tl.uint8), write,
-                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
-        _store_scales(page_ptr, p, 2 + g, hi_scales[:, None, :, None, None].to(tl.uint8), write,
-                      BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        # Scale byte g of the low half is byte g of the word, of the high half byte 2 + g:
+        # summed over the group axis (disjoint bits), as the key's amax is reduced.
+        g = tl.arange(0, 2)[:, None]
+        biased = (lo_e + layout.UE8M0_BIAS) << (8 * g) | (hi_e + layout.UE8M0_BIAS) << (8 * g + 16)
+        scale_word = tl.where(finite, tl.sum(biased, axis=0), -1)  # poisoned: four 0xFF
     else:
         key_amax = key_bits.to(tl.float32, bitcast=True)
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
@@ -261,15 +259,17 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
                      write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
-        i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
         if MX_SCALES:  # four equal UE8M0 bytes
-            biased = tl.where(finite, e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-            scale_bytes = tl.broadcast_to(_per_token(biased), [1, 1, BLOCK_T, 1, layout.SCALE_BYTES])
-        else:  # the fp32 2**e, little-endian
-            bits = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
-            scale_bytes = (_per_token(bits) >> (8 * i4)) & 0xFF
-        _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                      LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
+        else:  # the fp32 2**e
+            scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
+    # The four scale bytes, little-endian, from one word a token: a tensor of the keys' rank
+    # whose token axis holds what the reductions left, so nothing moves between threads (the
+    # MXFP4 bytes kept per group were laid out apart and went through shared memory).
+    i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
+    scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
+    _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+                  LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
 
 
 @triton.jit
