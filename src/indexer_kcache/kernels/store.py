@@ -134,15 +134,19 @@ def _fp8_codes(x, y, inv_scale, EXACT_CASTS: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_half(x, y, amax, EXACT_CASTS: tl.constexpr):
-    """One half's two MXFP4 groups, of amax [2, T]: (packed E2M1 pairs [2, 2, T, 2, 4],
-    exponents [2, T]). The scale 2**e >= amax / 6 bounds every scaled value by 6, as
-    ``e2m1_code`` needs."""
-    amax = tl.maximum(amax, layout.MXFP4_AMAX_FLOOR)
+def _mxfp4_exponents(amax_bits):
+    """Scale exponents ``e`` [2, T] of a half's two groups from their amax bits [2, T]: the
+    scale 2**e >= amax / 6 bounds every scaled value by 6, as ``e2m1_code`` needs."""
+    amax = tl.maximum(amax_bits.to(tl.float32, bitcast=True), layout.MXFP4_AMAX_FLOOR)
     e = ceil_log2_of_ratio(amax, layout.MXFP4_MAX)
-    e = tl.minimum(tl.maximum(e, -layout.UE8M0_BIAS), layout.UE8M0_BIAS)  # a UE8M0 byte: 0..254
+    return tl.minimum(tl.maximum(e, -layout.UE8M0_BIAS), layout.UE8M0_BIAS)  # a UE8M0 byte: 0..254
+
+
+@triton.jit
+def _mxfp4_codes(x, y, e, EXACT_CASTS: tl.constexpr):
+    """One half's packed E2M1 pairs [2, 2, T, 2, 4], scaled by its groups' 2**-e [2, T]."""
     inv_scale = pow2(-e)[:, None, :, None, None]
-    return e2m1_pairs_to_bytes(x * inv_scale, y * inv_scale, EXACT_CASTS), e
+    return e2m1_pairs_to_bytes(x * inv_scale, y * inv_scale, EXACT_CASTS)
 
 
 @triton.jit
@@ -235,15 +239,13 @@ def _norm_rope_quant_store(
     unsigned_slot = slot.to(tl.uint64)
     page_ptr = cache_ptr + (unsigned_slot // BLOCK_SIZE).to(tl.int64) * page_stride
     p = (unsigned_slot % BLOCK_SIZE).to(tl.int64)
+    # The four scale bytes first, little-endian, from one word a token (stored before the
+    # values, the exponents are dead by the encode): a tensor of the keys' rank whose token
+    # axis holds what the reductions left, so nothing moves between threads (MXFP4 bytes
+    # kept per group were laid out apart and went through shared memory).
     if USE_FP4:
-        lo_packed, lo_e = _mxfp4_half(lo_x, lo_y, lo_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
-        hi_packed, hi_e = _mxfp4_half(hi_x, hi_y, hi_bits.to(tl.float32, bitcast=True), EXACT_CASTS)
-        packed_index = _pair_index()  # byte within a half
-        _store_bytes(page_ptr, p, packed_index, lo_packed, write, finite,
-                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
-        _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index, hi_packed, write, finite,
-                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
-                     SCALE_LANES)
+        lo_e = _mxfp4_exponents(lo_bits)
+        hi_e = _mxfp4_exponents(hi_bits)
         # Scale byte g of the low half is byte g of the word, of the high half byte 2 + g:
         # summed over the group axis (disjoint bits), as the key's amax is reduced.
         g = tl.arange(0, 2)[:, None]
@@ -252,6 +254,23 @@ def _norm_rope_quant_store(
     else:
         key_amax = key_bits.to(tl.float32, bitcast=True)
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
+        if MX_SCALES:  # four equal UE8M0 bytes
+            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
+        else:  # the fp32 2**e
+            scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
+    i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
+    scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
+    _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+                  LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+    if USE_FP4:
+        packed_index = _pair_index()  # byte within a half
+        _store_bytes(page_ptr, p, packed_index, _mxfp4_codes(lo_x, lo_y, lo_e, EXACT_CASTS),
+                     write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                     SCALE_LANES)
+        _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index,
+                     _mxfp4_codes(hi_x, hi_y, hi_e, EXACT_CASTS), write, finite, BLOCK_SIZE,
+                     VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+    else:
         inv_scale = _per_token(pow2(-e))
         _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
                      finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
@@ -259,17 +278,6 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
                      write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
-        if MX_SCALES:  # four equal UE8M0 bytes
-            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
-        else:  # the fp32 2**e
-            scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
-    # The four scale bytes, little-endian, from one word a token: a tensor of the keys' rank
-    # whose token axis holds what the reductions left, so nothing moves between threads (the
-    # MXFP4 bytes kept per group were laid out apart and went through shared memory).
-    i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
-    scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
-    _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                  LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
 
 
 @triton.jit
