@@ -82,7 +82,8 @@ def store_counts(args) -> None:
                       LAYOUT=layout.ROW_MAJOR, N_PER_TILE=16, D_PER_TILE=layout.MXFP4_D_PER_TILE,
                       SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=s.tokens_per_program,
                       EAGER_LOADS=s.eager_loads, COMPACT=s.compact, RANGES=s.ranges,
-                      EXACT_CASTS=False, USE_PDL=2, HINT_AHEAD=s.hint_ahead)
+                      EXACT_CASTS=False, USE_PDL=2, HINT_AHEAD=s.hint_ahead,
+                      GROUP_SCALES=s.group_scales and use_fp4)
     options = store.compile_options(True, True, s.max_registers) | {"num_warps": s.num_warps}
     registers, stack, first_pass = compile_counts(
         indexer_k_store_kernel, signature, constexprs,

@@ -228,9 +228,31 @@ GPU_SETTINGS = sorted({ik.store.store_settings(n, cr, fp4, interpreted=False, ke
 
 
 def _setting_id(setting):
-    block_t, warps, eager, max_registers, compact, ranges, *hint = setting
+    block_t, warps, eager, max_registers, compact, ranges, *rest = setting
+    hint, group_scales = (*rest, 0, False)[:2]
     return (f"{block_t}x{warps}" + "-eager" * eager + f"-{max_registers}-regs" * bool(max_registers)
-            + f"-compact{ranges}" * compact + (f"-hint{hint[0]}" if hint and hint[0] else ""))
+            + f"-compact{ranges}" * compact + f"-hint{hint}" * bool(hint)
+            + "-group-scales" * group_scales)
+
+
+@pytest.mark.parametrize("compress_ratio", [1, 2], ids=["cr1", "cr2"])
+@pytest.mark.parametrize("layout_name", list(LAYOUTS["mxfp4"]))
+def test_mxfp4_scale_bytes_by_word_and_by_group(layout_name, compress_ratio):
+    """The kernel's two ways to store MXFP4 scale bytes (a token's four from one word, or
+    each group's after the values: ``group_scales``) write the reference's bytes in every
+    layout, poisoned keys (a NaN, an infinity) included."""
+    shuffle, n = LAYOUTS["mxfp4"][layout_name]
+    case = make_case(41, use_fp4_cache=True, compress_ratio=compress_ratio, block_size=64,
+                     num_blocks=3)
+    written = ((case.slots >= 0) & ((case.positions[:41] + 1) % compress_ratio == 0)).nonzero()
+    case.k_pre[written[0, 0], 7] = float("nan")
+    case.k_pre[written[-1, 0], 100] = float("-inf")
+    want = run_store(case, "reference", shuffle=shuffle, n=n)
+    for group_scales in (False, True):
+        setting = ik.store.StoreSettings(16, 2, compress_ratio == 1, 0, group_scales=group_scales)
+        with ik.store.store_settings.override(setting):
+            got = run_store(case, "triton", shuffle=shuffle, n=n)
+        assert_same_bytes(got, want, f"group_scales={group_scales}")
 
 
 def test_large_ratio_2_settings_by_key_width():
@@ -248,12 +270,14 @@ def test_large_ratio_2_settings_by_key_width():
 
 
 def test_large_ratio_1_settings_by_key_width():
-    """Above 64K tokens at ratio 1, bf16 keys into MXFP4 take 32 tokens a program; float32
-    keys into MXFP4 (their rows hold twice the registers) and FP8 16; two warps each."""
+    """Above 64K tokens at ratio 1, bf16 keys into MXFP4 take 32 tokens a program (their
+    scale bytes stored by group); float32 keys into MXFP4 (their rows hold twice the
+    registers) and FP8 16; two warps each."""
     for fp4, key_bytes, tokens in [(True, 2, 32), (True, 4, 16), (False, 2, 16), (False, 4, 16)]:
         s = ik.store.store_settings(262144, 1, fp4, interpreted=False, key_bytes=key_bytes)
         assert (s.tokens_per_program, s.num_warps, s.eager_loads, s.compact) == (
             tokens, 2, True, False), s
+        assert s.group_scales == (tokens == 32), s
 
 
 @pytest.mark.sweep

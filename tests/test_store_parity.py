@@ -564,7 +564,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     base = dict(COMPRESS_RATIO=2, USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0,
                 D_PER_TILE=0, SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=16, EAGER_LOADS=False,
                 COMPACT=False, RANGES=1, EXACT_CASTS=False, USE_PDL=True,
-                HINT_AHEAD=0)
+                HINT_AHEAD=0, GROUP_SCALES=False)
     aiter = dict(LAYOUT=layout.MXFP4_PRESHUFFLE, N_PER_TILE=16, D_PER_TILE=8, SCALE_LANES=2)
     variants = [  # (target, constexprs, argument types, options)
         (SM90, {}, {}, dict(num_warps=2, maxnreg=96)),  # the pairs path

@@ -71,6 +71,8 @@ class StoreSettings(NamedTuple):
     # Ratio-2 pairs on NVIDIA: each program hints the indices of the program this many
     # further on into L2 (the kernel's HINT_AHEAD); 0: none.
     hint_ahead: int = 0
+    # MXFP4: scale bytes stored by group, after the values (the kernel's GROUP_SCALES).
+    group_scales: bool = False
 
 
 def exact_casts_needed(device: torch.device) -> bool:
@@ -200,7 +202,7 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
         # their instructions as much as by the round trip, do not gain).
         return StoreSettings(16, 2, False, 96, hint_ahead=0 if use_fp4 else HINT_AHEAD)
     if use_fp4 and key_bytes == 2:
-        return StoreSettings(32, 2, True, 0)
+        return StoreSettings(32, 2, True, 0, group_scales=True)
     # FP8, and float32 keys into MXFP4 (twice the registers a row): 16 tokens a program.
     return StoreSettings(16, 2, True, 0)
 
@@ -238,6 +240,7 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
         EXACT_CASTS=plan.exact_casts,
         USE_PDL=plan.pdl,
         HINT_AHEAD=settings.hint_ahead if plan.nvidia else 0,
+        GROUP_SCALES=settings.group_scales and plan.use_fp4_cache,
     )
 
 

@@ -193,7 +193,7 @@ def _norm_rope_quant_store(
     COMPRESS_RATIO: tl.constexpr, USE_FP4: tl.constexpr, MX_SCALES: tl.constexpr,
     LAYOUT: tl.constexpr, N_PER_TILE: tl.constexpr, D_PER_TILE: tl.constexpr,
     SCALE_LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
-    EXACT_CASTS: tl.constexpr,
+    EXACT_CASTS: tl.constexpr, GROUP_SCALES: tl.constexpr,
 ):
     """Everything after the key rows are loaded, for BLOCK_T tokens (one per lane pair).
     ``w_lo``/``w_hi`` are the weight's halves or, when BLOCK_T > 8, both the weight's
@@ -241,8 +241,8 @@ def _norm_rope_quant_store(
     p = (unsigned_slot % BLOCK_SIZE).to(tl.int64)
     # The four scale bytes first, little-endian, from one word a token (stored before the
     # values, the exponents are dead by the encode): a tensor of the keys' rank whose token
-    # axis holds what the reductions left, so nothing moves between threads (MXFP4 bytes
-    # kept per group were laid out apart and went through shared memory).
+    # axis holds what the reductions left, so nothing moves between threads where a thread
+    # stores at most one byte (see GROUP_SCALES for the exception).
     if USE_FP4:
         lo_e = _mxfp4_exponents(lo_bits)
         hi_e = _mxfp4_exponents(hi_bits)
@@ -258,10 +258,11 @@ def _norm_rope_quant_store(
             scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
         else:  # the fp32 2**e
             scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
-    i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
-    scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
-    _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                  LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+    if not GROUP_SCALES:
+        i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
+        scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
+        _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+                      LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
     if USE_FP4:
         packed_index = _pair_index()  # byte within a half
         _store_bytes(page_ptr, p, packed_index, _mxfp4_codes(lo_x, lo_y, lo_e, EXACT_CASTS),
@@ -270,6 +271,15 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index,
                      _mxfp4_codes(hi_x, hi_y, hi_e, EXACT_CASTS), write, finite, BLOCK_SIZE,
                      VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        if GROUP_SCALES:  # each group's byte from its own exponent, after the values
+            g = tl.arange(0, 2)[:, None, None, None, None]  # scale byte g of a half
+            lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+            hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+            _store_scales(page_ptr, p, g, lo_scales[:, None, :, None, None].to(tl.uint8), write,
+                          BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+            _store_scales(page_ptr, p, 2 + g, hi_scales[:, None, :, None, None].to(tl.uint8),
+                          write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                          SCALE_LANES)
     else:
         inv_scale = _per_token(pow2(-e))
         _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
@@ -317,6 +327,7 @@ def indexer_k_store_kernel(
     EXACT_CASTS: tl.constexpr,
     USE_PDL: tl.constexpr,
     HINT_AHEAD: tl.constexpr,
+    GROUP_SCALES: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
     high bit of the 8-element chunk, token, low bit of the chunk, element). Triton spreads
@@ -356,6 +367,12 @@ def indexer_k_store_kernel(
 
     ``HINT_AHEAD`` > 0 (pairs, NVIDIA only): a program first hints the slots and positions
     of the program that many further on into L2.
+
+    ``GROUP_SCALES`` (MXFP4): store each group's scale byte from its own exponent after the
+    values, instead of the token's four from one word before them. Triton lays the
+    word's bytes out apart (through shared memory) where a thread would store more than
+    one of them, and that in the middle of the program; where that is so, the bytes kept
+    by group cost less (BLOCK_T * 4 > 32 * num_warps; BENCHMARKS.md, "The store").
 
     ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
     kernel in the stream before touching memory, and lets the next one start launching.
@@ -408,7 +425,7 @@ def indexer_k_store_kernel(
                                        cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
                                        page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
                                        N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
-                                       EXACT_CASTS)
+                                       EXACT_CASTS, GROUP_SCALES)
             if (batch + 1) * BLOCK_T < num_written:
                 batch += 1  # the range's next batch: more writers than lanes
             else:  # the next range, whose indices were loaded during this one's encode
@@ -432,7 +449,7 @@ def indexer_k_store_kernel(
         _norm_rope_quant_store(lo, hi, slot, pos, write, w_lo, w_hi, cos_sin_ptr,
                                cos_sin_row_stride, eps, cache_ptr, page_stride, COMPRESS_RATIO,
                                USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+                               BLOCK_SIZE, BLOCK_T, EXACT_CASTS, GROUP_SCALES)
     else:
         if HINT_AHEAD > 0:
             # The slots and positions of the program HINT_AHEAD on, into L2: its first
@@ -457,7 +474,8 @@ def indexer_k_store_kernel(
                                tl.where(write_odd, pos_odd, pos_even), write, w_lo, w_hi,
                                cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr, page_stride,
                                COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
-                               D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T, EXACT_CASTS)
+                               D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T, EXACT_CASTS,
+                               GROUP_SCALES)
         if second_pass:
             # Re-read the (cached) indices rather than keep them live through the first
             # pass: the register budget of one pass is what sets the programs in flight.
@@ -470,4 +488,4 @@ def indexer_k_store_kernel(
                                    cos_sin_ptr, cos_sin_row_stride, eps, cache_ptr,
                                    page_stride, COMPRESS_RATIO, USE_FP4, MX_SCALES, LAYOUT,
                                    N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_T,
-                                   EXACT_CASTS)
+                                   EXACT_CASTS, GROUP_SCALES)
