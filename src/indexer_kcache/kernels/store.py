@@ -239,18 +239,19 @@ def _norm_rope_quant_store(
     unsigned_slot = slot.to(tl.uint64)
     page_ptr = cache_ptr + (unsigned_slot // BLOCK_SIZE).to(tl.int64) * page_stride
     p = (unsigned_slot % BLOCK_SIZE).to(tl.int64)
-    # The four scale bytes first, little-endian, from one word a token (stored before the
-    # values, the exponents are dead by the encode): a tensor of the keys' rank whose token
-    # axis holds what the reductions left, so nothing moves between threads where a thread
-    # stores at most one byte (see GROUP_SCALES for the exception).
+    # The four scale bytes, little-endian, from one word a token, stored after the values: a
+    # tensor of the keys' rank whose token axis holds what the reductions left, so nothing
+    # moves between threads where a thread stores at most one byte (see GROUP_SCALES).
     if USE_FP4:
         lo_e = _mxfp4_exponents(lo_bits)
         hi_e = _mxfp4_exponents(hi_bits)
-        # Scale byte g of the low half is byte g of the word, of the high half byte 2 + g:
-        # summed over the group axis (disjoint bits), as the key's amax is reduced.
-        g = tl.arange(0, 2)[:, None]
-        biased = (lo_e + layout.UE8M0_BIAS) << (8 * g) | (hi_e + layout.UE8M0_BIAS) << (8 * g + 16)
-        scale_word = tl.where(finite, tl.sum(biased, axis=0), -1)  # poisoned: four 0xFF
+        if not GROUP_SCALES:
+            # Scale byte g of the low half is byte g of the word, of the high half byte
+            # 2 + g: summed over the group axis (disjoint bits), as the key's amax is reduced.
+            g = tl.arange(0, 2)[:, None]
+            biased = ((lo_e + layout.UE8M0_BIAS) << (8 * g)
+                      | (hi_e + layout.UE8M0_BIAS) << (8 * g + 16))
+            scale_word = tl.where(finite, tl.sum(biased, axis=0), -1)  # poisoned: four 0xFF
     else:
         key_amax = key_bits.to(tl.float32, bitcast=True)
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
@@ -258,11 +259,6 @@ def _norm_rope_quant_store(
             scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
         else:  # the fp32 2**e
             scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
-    if not GROUP_SCALES:
-        i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
-        scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
-        _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
-                      LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
     if USE_FP4:
         packed_index = _pair_index()  # byte within a half
         _store_bytes(page_ptr, p, packed_index, _mxfp4_codes(lo_x, lo_y, lo_e, EXACT_CASTS),
@@ -288,6 +284,11 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
                      write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
+    if not GROUP_SCALES:
+        i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
+        scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
+        _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
+                      LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
 
 
 @triton.jit
@@ -368,11 +369,11 @@ def indexer_k_store_kernel(
     ``HINT_AHEAD`` > 0 (pairs, NVIDIA only): a program first hints the slots and positions
     of the program that many further on into L2.
 
-    ``GROUP_SCALES`` (MXFP4): store each group's scale byte from its own exponent after the
-    values, instead of the token's four from one word before them. Triton lays the
-    word's bytes out apart (through shared memory) where a thread would store more than
-    one of them, and that in the middle of the program; where that is so, the bytes kept
-    by group cost less (BLOCK_T * 4 > 32 * num_warps; BENCHMARKS.md, "The store").
+    ``GROUP_SCALES`` (MXFP4): store each group's scale byte from its own exponent, instead
+    of the token's four from one word. Triton lays the word's bytes out apart (through
+    shared memory) where a thread would store more than one of them (BLOCK_T * 4 > 32 *
+    num_warps), and the ratio-1 program of 32 tokens on 2 warps then needs more registers
+    than with the bytes kept by group (BENCHMARKS.md, "The store").
 
     ``USE_PDL`` (programmatic dependent launch, sm_90+): the program waits for the previous
     kernel in the stream before touching memory, and lets the next one start launching.
