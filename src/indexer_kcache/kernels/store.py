@@ -239,13 +239,26 @@ def _norm_rope_quant_store(
     unsigned_slot = slot.to(tl.uint64)
     page_ptr = cache_ptr + (unsigned_slot // BLOCK_SIZE).to(tl.int64) * page_stride
     p = (unsigned_slot % BLOCK_SIZE).to(tl.int64)
-    # The four scale bytes, little-endian, from one word a token, stored after the values: a
-    # tensor of the keys' rank whose token axis holds what the reductions left, so nothing
-    # moves between threads where a thread stores at most one byte (see GROUP_SCALES).
     if USE_FP4:
         lo_e = _mxfp4_exponents(lo_bits)
+        lo_packed = _mxfp4_codes(lo_x, lo_y, lo_e, EXACT_CASTS)
         hi_e = _mxfp4_exponents(hi_bits)
-        if not GROUP_SCALES:
+        hi_packed = _mxfp4_codes(hi_x, hi_y, hi_e, EXACT_CASTS)
+        packed_index = _pair_index()  # byte within a half
+        _store_bytes(page_ptr, p, packed_index, lo_packed, write, finite, BLOCK_SIZE, VALUE_BYTES,
+                     LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index, hi_packed, write, finite,
+                     BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+        if GROUP_SCALES:  # each group's byte from its own exponent
+            g = tl.arange(0, 2)[:, None, None, None, None]  # scale byte g of a half
+            lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+            hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
+            _store_scales(page_ptr, p, g, lo_scales[:, None, :, None, None].to(tl.uint8), write,
+                          BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
+            _store_scales(page_ptr, p, 2 + g, hi_scales[:, None, :, None, None].to(tl.uint8),
+                          write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                          SCALE_LANES)
+        else:
             # Scale byte g of the low half is byte g of the word, of the high half byte
             # 2 + g: summed over the group axis (disjoint bits), as the key's amax is reduced.
             g = tl.arange(0, 2)[:, None]
@@ -255,28 +268,6 @@ def _norm_rope_quant_store(
     else:
         key_amax = key_bits.to(tl.float32, bitcast=True)
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
-        if MX_SCALES:  # four equal UE8M0 bytes
-            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
-        else:  # the fp32 2**e
-            scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
-    if USE_FP4:
-        packed_index = _pair_index()  # byte within a half
-        _store_bytes(page_ptr, p, packed_index, _mxfp4_codes(lo_x, lo_y, lo_e, EXACT_CASTS),
-                     write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
-                     SCALE_LANES)
-        _store_bytes(page_ptr, p, VALUE_BYTES // 2 + packed_index,
-                     _mxfp4_codes(hi_x, hi_y, hi_e, EXACT_CASTS), write, finite, BLOCK_SIZE,
-                     VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
-        if GROUP_SCALES:  # each group's byte from its own exponent, after the values
-            g = tl.arange(0, 2)[:, None, None, None, None]  # scale byte g of a half
-            lo_scales = tl.where(finite[None, :], lo_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-            hi_scales = tl.where(finite[None, :], hi_e + layout.UE8M0_BIAS, layout.UE8M0_NAN)
-            _store_scales(page_ptr, p, g, lo_scales[:, None, :, None, None].to(tl.uint8), write,
-                          BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
-            _store_scales(page_ptr, p, 2 + g, hi_scales[:, None, :, None, None].to(tl.uint8),
-                          write, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE,
-                          SCALE_LANES)
-    else:
         inv_scale = _per_token(pow2(-e))
         _store_bytes(page_ptr, p, element, _fp8_codes(lo_x, lo_y, inv_scale, EXACT_CASTS), write,
                      finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
@@ -284,7 +275,14 @@ def _norm_rope_quant_store(
         _store_bytes(page_ptr, p, HALF + element, _fp8_codes(hi_x, hi_y, inv_scale, EXACT_CASTS),
                      write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
+        if MX_SCALES:  # four equal UE8M0 bytes
+            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
+        else:  # the fp32 2**e
+            scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
     if not GROUP_SCALES:
+        # The four scale bytes, little-endian, from one word a token, after the values: a
+        # tensor of the keys' rank whose token axis holds what the reductions left, so
+        # nothing moves between threads where a thread stores at most one byte.
         i4 = tl.arange(0, layout.SCALE_BYTES)[None, None, None, None, :]
         scale_bytes = (_per_token(scale_word) >> (8 * i4)) & 0xFF
         _store_scales(page_ptr, p, i4, scale_bytes.to(tl.uint8), write, BLOCK_SIZE, VALUE_BYTES,
