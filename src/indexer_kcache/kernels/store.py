@@ -119,6 +119,8 @@ def _amax_bits_by_group(x, y):
 
 
 INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)  # float32 +inf
+# A poisoned key's MXFP4 or MX scale word: four UE8M0 NaN bytes (0xFF), as an int32.
+NAN_SCALE_WORD: tl.constexpr = tl.constexpr(-1)
 
 
 @triton.jit
@@ -264,7 +266,7 @@ def _norm_rope_quant_store(
             g = tl.arange(0, 2)[:, None]
             biased = ((lo_e + layout.UE8M0_BIAS) << (8 * g)
                       | (hi_e + layout.UE8M0_BIAS) << (8 * g + 16))
-            scale_word = tl.where(finite, tl.sum(biased, axis=0), -1)  # poisoned: four 0xFF
+            scale_word = tl.where(finite, tl.sum(biased, axis=0), NAN_SCALE_WORD)
     else:
         key_amax = key_bits.to(tl.float32, bitcast=True)
         e = ceil_log2_of_ratio(tl.maximum(key_amax, layout.FP8_AMAX_FLOOR), layout.FP8_MAX)
@@ -276,7 +278,7 @@ def _norm_rope_quant_store(
                      write, finite, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                      D_PER_TILE, SCALE_LANES)
         if MX_SCALES:  # four equal UE8M0 bytes
-            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, -1)
+            scale_word = tl.where(finite, (e + layout.UE8M0_BIAS) * 0x01010101, NAN_SCALE_WORD)
         else:  # the fp32 2**e
             scale_word = tl.where(finite, (e + 127) << 23, layout.FP32_NAN_BITS)
     if not GROUP_SCALES:
