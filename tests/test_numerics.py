@@ -47,11 +47,21 @@ def _apply_pair(x_ptr, out_ptr, n, OP: tl.constexpr, EXACT: tl.constexpr, BLOCK:
     if OP == 0:
         x, y = numerics.round_to_bf16_pair(x, y, EXACT)
         tl.store(out_ptr + n + offs, y, mask=mask)
-    elif OP == 1:
-        x = numerics.e2m1_pair(x, y, EXACT)
     else:
-        x = numerics.e2m1_pairs_to_bytes(x, y, EXACT)
+        x = numerics.e2m1_pair(x, y, EXACT)
     tl.store(out_ptr + offs, x, mask=mask)
+
+
+@triton.jit
+def _apply_scaled_pairs(x_ptr, y_ptr, e_ptr, out_ptr, n, EXACT: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """The store's E2M1 bytes of x / 2**e, y / 2**e from unscaled x, y and their e."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0)
+    y = tl.load(y_ptr + offs, mask=mask, other=0)
+    e = tl.load(e_ptr + offs, mask=mask, other=0)
+    tl.store(out_ptr + offs, numerics.e2m1_pairs_to_bytes(x, y, e, EXACT), mask=mask)
 
 
 def apply_pair(op: int, x: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype,
@@ -143,13 +153,12 @@ def test_e2m1_encoding_of_every_bf16_up_to_6(exact):
     assert torch.equal(apply(3, x, torch.int32, exact), reference.e2m1_codes(x))
 
 
-@pytest.mark.parametrize("op", [1, 2], ids=["a-pair", "four-pairs-a-conversion"])
 @pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
-def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact, op):
-    """The store's byte of two codes (inline PTX natively: the exponent arithmetic, the
-    paired e4m3 conversion and the nibble gathering, a pair or four pairs at a time) over
-    every bf16 value in [-6, 6], each paired with a shuffled one, and scaled values down to
-    the float32 subnormals."""
+def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact):
+    """The byte of two scaled codes, a pair at a time (inline PTX natively: the exponent
+    arithmetic, the paired e4m3 conversion and the nibble gathering) over every bf16 value
+    in [-6, 6], each paired with a shuffled one, and scaled values down to the float32
+    subnormals."""
     bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).float()
     big = x[x.abs() >= 1]
@@ -157,8 +166,34 @@ def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact, op):
     x = torch.cat([x, -x])
     y = x[torch.randperm(x.numel())]
     want = reference.e2m1_codes(x) | (reference.e2m1_codes(y) << 4)
-    out_dtype = torch.int32 if op == 1 else torch.uint8
-    assert torch.equal(apply_pair(op, x, y, out_dtype, exact), want.to(out_dtype))
+    assert torch.equal(apply_pair(1, x, y, torch.int32, exact), want)
+
+
+@pytest.mark.parametrize("block", [128, 1024], ids=["a-pair-at-a-time", "four-pairs-a-conversion"])
+@pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
+def test_e2m1_bytes_of_unscaled_keys(exact, block):
+    """What the store hands the encode: bf16 keys x, y and their group's exponent e, with
+    |x|, |y| <= 6 * 2**e (natively, from 256 pairs a program, four bytes a conversion with
+    the scale folded in). Every bf16 value v in [-6, 6], and a shuffled partner, times 2**e
+    for random e in -126..126 (each extreme included), rounded to bf16 as keys are (those
+    below bf16's normal range lose bits: the reference scales what is stored)."""
+    bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
+    v = bits.view(torch.bfloat16).float()
+    v = torch.cat([v, -v])
+    e = torch.randint(-126, 127, (v.numel(),), dtype=torch.int32)
+    e[:2] = torch.tensor([-126, 126])
+    e[-2:] = torch.tensor([-126, 126])
+    scale = torch.exp2(e.double())
+    x = (v.double() * scale).to(torch.bfloat16).float()
+    y = (v[torch.randperm(v.numel())].double() * scale).to(torch.bfloat16).float()
+    keys = x.isfinite() & y.isfinite()  # 2**126 times more than 4 is no bf16 value
+    x, y, e, scale = x[keys], y[keys], e[keys], scale[keys]
+    want = (reference.e2m1_codes((x.double() / scale).float())
+            | (reference.e2m1_codes((y.double() / scale).float()) << 4))
+    out = torch.empty(x.numel(), dtype=torch.uint8, device=DEVICE)
+    _apply_scaled_pairs[(triton.cdiv(x.numel(), block),)](
+        x.to(DEVICE), y.to(DEVICE), e.to(DEVICE), out, x.numel(), EXACT=exact, BLOCK=block)
+    assert torch.equal(out.cpu(), want.to(torch.uint8))
 
 
 def test_e2m1_decoding_every_code():

@@ -209,59 +209,88 @@ or.b32 $0, h, s;
 
 
 def _e2m1_x4_ptx() -> str:
-    """Four E2M1 bytes (x: low nibbles, y: high ones) in one register: the method of
-    ``_E2M1_PAIR_PTX`` for each pair, then the eight codes' nibbles and signs gathered a
-    register at a time (byte permutes) instead of a pair at a time."""
-    lines = [".reg .b32 a, e, t<8>, h<2>, xs, ys;", ".reg .b16 c<4>;"]
+    """Four E2M1 bytes (x: low nibbles, y: high ones) in one register from eight unscaled
+    values and their groups' 2**e, another way round than ``e2m1_code``: the value's
+    binade picks the e4m3 binade it is rounded in, so that the conversion's own steps are
+    E2M1's, and the scale is folded into the multiply-add.
+
+    For v' = |v| / 2**e <= 6 in binade d (max(v', 1) in [2**d, 2**(d + 1)), d = 0, 1, 2),
+    E2M1's step is 2**(d - 1), and 2**(d + 2) + v' lies in [2**(d + 2), 2**(d + 3)), where
+    e4m3's step is 2**(d - 1) too. So t = v 2**-e + (+-2**(d + 2)), with the sign of v,
+    converts (round to nearest even, as E2M1's thresholds) to the code
+    s << 7 | (9 + d) << 3 | m, whose E2M1 index is m + 2 d: ((c >> 2) & 6) - 2 is 2 d
+    (ties stay even: 2 d is). The addend is max(|v|, 2**e) with its mantissa cleared, the
+    sign of v (xorsign) and its exponent moved by 2 - e; 2**-e is a normal float for every
+    e in -126..126. The sum is exact in float32 but for bits far below the half-step of v'
+    (it has 8 significant bits), so the single rounding decides. Operands: x0..x3,
+    y0..y3, then per value 2**e as bits."""
+    lines = [".reg .b32 a, f<4>, t<8>, xs, ys;"]
     for k in range(4):
+        lines.append(f"sub.s32 f{k}, 0x7F000000, ${9 + k};")  # 2**-e
         for v, arg in (("x", 1 + k), ("y", 5 + k)):
             n = 2 * k + (v == "y")
             lines += [
-                f"abs.f32 a, ${arg};",
-                "max.f32 e, a, 0f3F800000;",       # max(|v|, 1)
-                "shr.u32 e, e, 23;",               # its exponent field, 127 + d
-                f"mad.lo.s32 t{n}, e, 2097152, 748683264;",   # offset (8 + 2 d) 2**-9
-                "mad.lo.s32 e, e, -8388608, 2063597568;",     # scale 2**(-8 - d)
-                f"fma.rn.f32 t{n}, a, e, t{n};",
+                f"max.xorsign.abs.f32 a, ${arg}, ${9 + k};",  # +-max(|v|, 2**e): the sign of v
+                "and.b32 a, a, 0xFF800000;",                  # +-2**(d + e)
+                f"sub.s32 a, a, ${9 + k};",                   # +-2**(d + 2): the exponent
+                "add.s32 a, a, 0x40800000;",                  # moved by 129 - (127 + e)
+                f"fma.rn.f32 t{n}, ${arg}, f{k}, a;",
             ]
-        lines.append(f"cvt.rn.satfinite.e4m3x2.f32 c{k}, t{2 * k + 1}, t{2 * k};")
+    lines += [".reg .b16 c<4>;"]
+    lines += [f"cvt.rn.satfinite.e4m3x2.f32 c{k}, t{2 * k + 1}, t{2 * k};" for k in range(4)]
     lines += [
-        "mov.b32 h0, {c0, c1};",                   # 8 + index: x0, y0, x1, y1
-        "mov.b32 h1, {c2, c3};",
-        "prmt.b32 xs, h0, h1, 0x6420;",            # x0 .. x3
-        "prmt.b32 ys, h0, h1, 0x7531;",            # y0 .. y3
-        "shl.b32 ys, ys, 4;",
-        "and.b32 xs, xs, 0x07070707;",
-        "and.b32 ys, ys, 0x70707070;",
-        "or.b32 h0, xs, ys;",                      # index y << 4 | index x, a byte a pair
-        "prmt.b32 xs, $1, $2, 0x0073;",            # the x's top bytes: sign in bit 7
-        "prmt.b32 t0, $3, $4, 0x0073;",
-        "prmt.b32 xs, xs, t0, 0x5410;",
-        "prmt.b32 ys, $5, $6, 0x0073;",            # the y's
-        "prmt.b32 t0, $7, $8, 0x0073;",
-        "prmt.b32 ys, ys, t0, 0x5410;",
-        "shr.b32 xs, xs, 4;",
-        "and.b32 xs, xs, 0x08080808;",             # sign of x -> bit 3
-        "and.b32 ys, ys, 0x80808080;",             # sign of y -> bit 7
-        "or.b32 h0, h0, xs;",
-        "or.b32 $0, h0, ys;",
+        "mov.b32 t0, {c0, c1};",                   # codes x0, y0, x1, y1
+        "mov.b32 t1, {c2, c3};",
+        "prmt.b32 xs, t0, t1, 0x6420;",            # x0 .. x3
+        "prmt.b32 ys, t0, t1, 0x7531;",            # y0 .. y3
+        # x: index (c & 7) + ((c >> 2) & 6) - 2 (no borrow: each byte's sum is >= 2), the
+        # sign (bit 7) to bit 3
+        "and.b32 t0, xs, 0x07070707;",
+        "shr.b32 a, xs, 2;",
+        "and.b32 a, a, 0x06060606;",
+        "add.s32 t0, t0, a;",
+        "sub.s32 t0, t0, 0x02020202;",
+        "shr.b32 a, xs, 4;",
+        "and.b32 a, a, 0x08080808;",
+        "or.b32 t0, t0, a;",
+        # y: the same index in bits 4..6, the sign where it is
+        "shl.b32 t1, ys, 4;",
+        "and.b32 t1, t1, 0x70707070;",
+        "shl.b32 a, ys, 2;",
+        "and.b32 a, a, 0x60606060;",
+        "add.s32 t1, t1, a;",
+        "sub.s32 t1, t1, 0x20202020;",
+        "and.b32 a, ys, 0x80808080;",
+        "or.b32 t1, t1, a;",
+        "or.b32 $0, t0, t1;",
     ]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
 _E2M1_X4_PTX: tl.constexpr = tl.constexpr(_e2m1_x4_ptx())
+_E2M1_X4_CONSTRAINTS: tl.constexpr = tl.constexpr("=r," + ",".join(["r"] * 12))
+
+
+# From how many pairs a launch's tensors encode four bytes a conversion (``e2m1_pairs_to_bytes``).
+E2M1_X4_MIN_PAIRS: tl.constexpr = tl.constexpr(256)
 
 
 @triton.jit
-def e2m1_pairs_to_bytes(x, y, EXACT_CASTS: tl.constexpr):
-    """``e2m1_pair`` as uint8; natively four bytes a conversion where the tensors are large
-    (for a few pairs a thread, a pair at a time is the shorter chain)."""
-    if EXACT_CASTS or x.numel < 256:  # few pairs a thread (latency-bound launches): a pair at a time
-        byte = e2m1_pair(x, y, EXACT_CASTS).to(tl.uint8)
+def e2m1_pairs_to_bytes(x, y, e, EXACT_CASTS: tl.constexpr):
+    """The E2M1 bytes (uint8) of x / 2**e (low nibble) and y / 2**e (high nibble), for
+    bf16-valued x, y with |x|, |y| <= 6 * 2**e and their groups' exponents e in -126..126
+    (broadcast to them). Natively four bytes a conversion, the scale folded into it, where
+    the tensors are large (for a few pairs a thread, a pair at a time after a multiply is
+    the shorter chain)."""
+    if EXACT_CASTS or x.numel < E2M1_X4_MIN_PAIRS:  # latency-bound launches: a pair at a time
+        inv_scale = pow2(-e)
+        byte = e2m1_pair(x * inv_scale, y * inv_scale, EXACT_CASTS).to(tl.uint8)
     else:
+        e = tl.broadcast_to(e, x.shape)
         byte = tl.inline_asm_elementwise(
-            _E2M1_X4_PTX, "=r,r,r,r,r,r,r,r,r",
-            [x.to(tl.int32, bitcast=True), y.to(tl.int32, bitcast=True)],
+            _E2M1_X4_PTX, _E2M1_X4_CONSTRAINTS,
+            [x.to(tl.int32, bitcast=True), y.to(tl.int32, bitcast=True),
+             pow2(e).to(tl.int32, bitcast=True)],
             dtype=tl.uint8, is_pure=True, pack=4)
     return byte
 

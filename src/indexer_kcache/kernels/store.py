@@ -13,6 +13,7 @@ from .. import layout
 from ..layout import scale_offset_tl, value_offset_tl
 from .dependent_launch import hint_l2, wait_for_previous_kernel
 from .numerics import (
+    E2M1_X4_MIN_PAIRS,
     ceil_log2_of_ratio,
     e2m1_pairs_to_bytes,
     floats_to_e4m3,
@@ -106,16 +107,29 @@ def _half_sum_of_squares(x, y):
 
 
 @triton.jit
-def _amax_bits_by_group(x, y):
+def _amax_bits_by_group(x, y, SIGNED_LEVELS: tl.constexpr):
     """The bits of max |x|, |y| over each 32-element group: [2, 2, T, 2, 4] -> [2, T] int32.
 
     The bits of non-negative floats order as integers as the floats do, and a NaN's lie
     above +inf's: the group's bits are below ``INF_BITS`` iff its elements are all finite,
-    and are otherwise those of its amax. (The first level keeps a NaN; the integer levels
-    cannot drop it, as a float max may.)"""
-    m = tl.maximum(tl.abs(x), tl.abs(y), propagate_nan=tl.PropagateNan.ALL)
-    bits = m.to(tl.int32, bitcast=True)
+    and are otherwise those of its amax (a NaN's, or the canonical NaN's). The float levels
+    keep a NaN; the integer levels cannot drop it, as a float max may."""
+    if SIGNED_LEVELS:
+        # (before the native four-byte E2M1 encode) the pair's max keeps the product's
+        # sign, dropped by a mask: the encode takes |x| as an operand modifier, and an |x|
+        # here as well would be computed once for both, an instruction a value.
+        bits = _max_abs_keeping_sign(x, y).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    else:
+        m = tl.maximum(tl.abs(x), tl.abs(y), propagate_nan=tl.PropagateNan.ALL)
+        bits = m.to(tl.int32, bitcast=True)
     return tl.max(tl.max(tl.max(bits, axis=4), axis=3), axis=1)
+
+
+@triton.jit
+def _max_abs_keeping_sign(a, b):
+    """max(|a|, |b|) (NaN if either is) with the sign of a * b: one instruction."""
+    return tl.inline_asm_elementwise("max.NaN.xorsign.abs.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)  # float32 +inf
@@ -146,9 +160,8 @@ def _mxfp4_exponents(amax_bits):
 
 @triton.jit
 def _mxfp4_codes(x, y, e, EXACT_CASTS: tl.constexpr):
-    """One half's packed E2M1 pairs [2, 2, T, 2, 4], scaled by its groups' 2**-e [2, T]."""
-    inv_scale = pow2(-e)[:, None, :, None, None]
-    return e2m1_pairs_to_bytes(x * inv_scale, y * inv_scale, EXACT_CASTS)
+    """One half's packed E2M1 pairs [2, 2, T, 2, 4] of its groups' scales 2**e [2, T]."""
+    return e2m1_pairs_to_bytes(x, y, e[:, None, :, None, None], EXACT_CASTS)
 
 
 @triton.jit
@@ -233,8 +246,10 @@ def _norm_rope_quant_store(
                                     EXACT_CASTS)
 
     # A key with a NaN or an infinity is stored poisoned: value codes zero, scales NaN.
-    lo_bits = _amax_bits_by_group(lo_x, lo_y)
-    hi_bits = _amax_bits_by_group(hi_x, hi_y)
+    SIGNED_LEVELS: tl.constexpr = (USE_FP4 and not EXACT_CASTS
+                                   and lo_x.numel >= E2M1_X4_MIN_PAIRS)
+    lo_bits = _amax_bits_by_group(lo_x, lo_y, SIGNED_LEVELS)
+    hi_bits = _amax_bits_by_group(hi_x, hi_y, SIGNED_LEVELS)
     key_bits = tl.max(tl.maximum(lo_bits, hi_bits), axis=0)
     finite = key_bits < INF_BITS
     # Unsigned: the slot of a token that writes is not negative (see _written).
