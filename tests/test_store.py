@@ -256,16 +256,15 @@ def test_mxfp4_scale_bytes_by_word_and_by_group(layout_name, compress_ratio):
 
 
 def test_large_ratio_2_settings_by_key_width():
-    """Above 64K tokens ratio 2 takes pairs, capped at 96 registers; float32 keys into
-    MXFP4 would spill there and compact ranges instead."""
+    """Above 64K tokens ratio 2 takes pairs, capped at 96 registers, for every key width;
+    its programs hint a later program's indices into L2, but for float32 keys into MXFP4."""
     for fp4 in (False, True):
         for key_bytes in (2, 4):
             s = ik.store.store_settings(262144, 2, fp4, interpreted=False, key_bytes=key_bytes)
-            assert s.compact == (fp4 and key_bytes == 4), (fp4, key_bytes, s)
-            if not s.compact:
-                assert (s.tokens_per_program, s.num_warps, s.max_registers) == (16, 2, 96)
-                # FP8 hints a later program's indices into L2; MXFP4 does not gain.
-                assert s.hint_ahead == (0 if fp4 else ik.store.HINT_AHEAD), (fp4, s)
+            assert (s.tokens_per_program, s.num_warps, s.max_registers, s.compact) == (
+                16, 2, 96, False), (fp4, key_bytes, s)
+            want_hint = 0 if fp4 and key_bytes == 4 else ik.store.HINT_AHEAD
+            assert s.hint_ahead == want_hint, (fp4, key_bytes, s)
     assert ik.store.store_settings(262144, 2, True, interpreted=True, key_bytes=4).ranges == 1
 
 

@@ -19,7 +19,7 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 FLOAT32_MAX = torch.finfo(torch.float32).max  # the largest rms_norm_eps the kernels can add
 
 STORE_KERNEL = Kernel(indexer_k_store_kernel)
-# Ratio-2 pairs programs (FP8, large launches) hint the indices of the program this many
+# Ratio-2 pairs programs (large launches) hint the indices of the program this many
 # further on into L2: about half the programs an H200 holds at once (BENCHMARKS.md, ratio 2).
 HINT_AHEAD = 660
 MAX_SIZES_KEPT = 1024  # token counts whose launch a plan keeps
@@ -179,11 +179,11 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     indices); large ones bandwidth-bound (32 tokens per program over several warps; at ratio
     2 up to 64K tokens, 8 token pairs on one warp). Ratio 2
     takes token pairs, so that the rows of skipped tokens are not read, and needs more
-    programs in flight (a register cap) above 64K tokens, except for float32 keys into
-    MXFP4, whose pairs would spill: those compact each range's written tokens onto the
-    lanes before the encode (``compact``); at ratio 1 they take 16 tokens a program, as FP8
-    does, not 32. FP8's ratio-2 programs above 64K tokens first hint the indices of the
-    program ``HINT_AHEAD`` further on into L2.
+    programs in flight (a register cap) above 64K tokens, where its programs first hint
+    the indices of the program ``HINT_AHEAD`` further on into L2 (but for float32 keys into
+    MXFP4). Float32 keys into MXFP4 take 16 tokens a program at ratio 1, as FP8 does, not
+    32. (Compacting each range's written tokens onto the lanes, ``compact``, is no
+    default's any more.)
     """
     if interpreted:
         return StoreSettings(64, 1, False, 0)  # the interpreter's cost is per program
@@ -196,11 +196,10 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     if num_tokens <= 65536:
         return StoreSettings(32, 4, True, 0) if compress_ratio == 1 else StoreSettings(8, 1, False, 0)
     if compress_ratio == 2:  # see BENCHMARKS.md, ratio 2
-        if use_fp4 and key_bytes > 2:  # float32 keys: the pairs path spills
-            return StoreSettings(8, 1, False, 0, True, 2)
-        # FP8 programs hint the indices of a later program into L2 (MXFP4's, bound by
-        # their instructions as much as by the round trip, do not gain).
-        return StoreSettings(16, 2, False, 96, hint_ahead=0 if use_fp4 else HINT_AHEAD)
+        # The programs hint the indices of a later program into L2, but for float32 keys
+        # into MXFP4 (no gain there: the keys' own round trip is the longer).
+        hint = 0 if use_fp4 and key_bytes > 2 else HINT_AHEAD
+        return StoreSettings(16, 2, False, 96, hint_ahead=hint)
     if use_fp4 and key_bytes == 2:
         return StoreSettings(32, 2, True, 0, group_scales=True)
     # FP8, and float32 keys into MXFP4 (twice the registers a row): 16 tokens a program.

@@ -1,0 +1,71 @@
+"""MXFP4 at ratio 2 and 256K tokens: the launcher's setting beside L2 hints of the indices
+a program ahead and other register caps; float32 keys (both formats, both ratios) beside
+bf16 ones; float32 keys into MXFP4 at ratio 2 by pairs instead of compacted ranges. In
+alternated rounds.
+
+    python benchmarks/exp_store_mxfp4_ratio2.py [--calls 50] [--rounds 2]
+        [--parts settings keys float-pairs]
+
+Every setting's bytes are checked against the reference on a batch with poisoned keys
+(float32 keys: also against the same call with the keys rounded to bf16), then timed by
+CUDA-graph replay (``store_ratio2_gpu.Run``). ``$OUT`` (if set) receives
+``store_mxfp4_ratio2.{json,txt}``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from store_ratio2_gpu import DEFAULT_SETTINGS, experiment
+
+TOKENS = 262144
+PARTS = ("settings", "keys", "float-pairs")
+
+
+def main() -> None:
+    parts = PARTS
+    if "--parts" in sys.argv:  # taken off before the shared options are parsed
+        at = sys.argv.index("--parts")
+        parts = [p for p in sys.argv[at + 1:] if p in PARTS]
+        del sys.argv[at:at + 1 + len(parts)]
+    args, run = experiment(__doc__)
+    bf16_pairs = DEFAULT_SETTINGS(TOKENS, 2, True, False)
+    for rnd in range(args.rounds):
+        if "settings" in parts:
+            run.measure("mxfp4", 2, TOKENS, bf16_pairs, f"default{rnd}")
+            for ahead in (660, 1320, 2640):
+                run.measure("mxfp4", 2, TOKENS, bf16_pairs._replace(hint_ahead=ahead),
+                            f"hint{rnd}")
+            for cap in (80, 88, 104, 112, 128, 0):
+                run.measure("mxfp4", 2, TOKENS, bf16_pairs._replace(max_registers=cap),
+                            f"cap{rnd}")
+        if "keys" in parts:
+            for fmt in ("fp8", "mxfp4"):
+                for ratio in (1, 2):
+                    for dtype in (torch.bfloat16, torch.float32):
+                        setting = DEFAULT_SETTINGS(TOKENS, ratio, fmt == "mxfp4", False,
+                                                   key_bytes=dtype.itemsize)
+                        run.measure(fmt, ratio, TOKENS, setting, f"keys{rnd}",
+                                    k_pre_dtype=dtype)
+        if "float-pairs" in parts:
+            f32 = torch.float32
+            run.measure("mxfp4", 1, TOKENS, DEFAULT_SETTINGS(TOKENS, 1, True, False, key_bytes=4),
+                        f"f32r1-{rnd}", k_pre_dtype=f32)
+            run.measure("mxfp4", 2, TOKENS, DEFAULT_SETTINGS(TOKENS, 2, True, False, key_bytes=4),
+                        f"f32-{rnd}", k_pre_dtype=f32)
+            for ahead in (0, 660):
+                for cap in (96, 128):
+                    setting = bf16_pairs._replace(hint_ahead=ahead, max_registers=cap)
+                    run.measure("mxfp4", 2, TOKENS, setting, f"f32-{rnd}", k_pre_dtype=f32)
+            for ahead in (0, 660):  # bf16 keys, beside ratio 1, for the ratio-2 speed-up
+                run.measure("mxfp4", 2, TOKENS, bf16_pairs._replace(hint_ahead=ahead),
+                            f"bf16-{rnd}")
+            run.measure("mxfp4", 1, TOKENS, DEFAULT_SETTINGS(TOKENS, 1, True, False),
+                        f"bf16r1-{rnd}")
+    run.save("store_mxfp4_ratio2")
+
+
+if __name__ == "__main__":
+    main()
