@@ -175,18 +175,22 @@ def test_e2m1_bytes_of_unscaled_keys(exact, block):
     """What the store hands the encode: bf16 keys x, y and their group's exponent e, with
     |x|, |y| <= 6 * 2**e (natively, from 256 pairs a program, four bytes a conversion with
     the scale folded in). Every bf16 value v in [-6, 6], and a shuffled partner, times 2**e
-    for random e in -126..126 (each extreme included), rounded to bf16 as keys are (those
-    below bf16's normal range lose bits: the reference scales what is stored)."""
+    for random e in -126..126, then each value below 4 at both extremes, rounded to bf16 as
+    keys are (those below bf16's normal range lose bits: the reference scales what is
+    stored; 2**126 times more than 4 is no bf16 value)."""
+    g = torch.Generator().manual_seed(5)
     bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
     v = bits.view(torch.bfloat16).float()
     v = torch.cat([v, -v])
-    e = torch.randint(-126, 127, (v.numel(),), dtype=torch.int32)
-    e[:2] = torch.tensor([-126, 126])
-    e[-2:] = torch.tensor([-126, 126])
+    e = torch.randint(-126, 127, (v.numel(),), dtype=torch.int32, generator=g)
+    below_4 = v[v.abs() < 4]
+    v = torch.cat([v, below_4, below_4])
+    e = torch.cat([e, torch.full_like(below_4, -126, dtype=torch.int32),
+                   torch.full_like(below_4, 126, dtype=torch.int32)])
     scale = torch.exp2(e.double())
     x = (v.double() * scale).to(torch.bfloat16).float()
-    y = (v[torch.randperm(v.numel())].double() * scale).to(torch.bfloat16).float()
-    keys = x.isfinite() & y.isfinite()  # 2**126 times more than 4 is no bf16 value
+    y = (v[torch.randperm(v.numel(), generator=g)].double() * scale).to(torch.bfloat16).float()
+    keys = x.isfinite() & y.isfinite()
     x, y, e, scale = x[keys], y[keys], e[keys], scale[keys]
     want = (reference.e2m1_codes((x.double() / scale).float())
             | (reference.e2m1_codes((y.double() / scale).float()) << 4))

@@ -19,8 +19,9 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 FLOAT32_MAX = torch.finfo(torch.float32).max  # the largest rms_norm_eps the kernels can add
 
 STORE_KERNEL = Kernel(indexer_k_store_kernel)
-# Ratio-2 pairs programs (large launches) hint the indices of the program this many
-# further on into L2: about half the programs an H200 holds at once (BENCHMARKS.md, ratio 2).
+# Ratio-2 pairs programs above 64K tokens (but float32 keys into MXFP4) hint the indices of
+# the program this many further on into L2: about half the programs an H200 holds at once
+# (BENCHMARKS.md, ratio 2).
 HINT_AHEAD = 660
 MAX_SIZES_KEPT = 1024  # token counts whose launch a plan keeps
 
@@ -182,8 +183,8 @@ def store_settings(num_tokens: int, compress_ratio: int, use_fp4: bool, interpre
     programs in flight (a register cap) above 64K tokens, where its programs first hint
     the indices of the program ``HINT_AHEAD`` further on into L2 (but for float32 keys into
     MXFP4). Float32 keys into MXFP4 take 16 tokens a program at ratio 1, as FP8 does, not
-    32. (Compacting each range's written tokens onto the lanes, ``compact``, is no
-    default's any more.)
+    32. No default compacts a range's written tokens onto the lanes (``compact``): it is
+    a setting to tune with.
     """
     if interpreted:
         return StoreSettings(64, 1, False, 0)  # the interpreter's cost is per program

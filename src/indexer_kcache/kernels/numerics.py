@@ -3,10 +3,11 @@
 ``EXACT_CASTS`` selects integer/compare implementations of the float conversions. The
 interpreter needs them (its bf16 cast truncates, its bf16 -> float32 cast misreads
 subnormals and its fp8 cast rounds ties away and drops carries); GPUs with native
-conversions may use those, which give the same bytes. Two native forms are inline PTX
-(NVIDIA sm_89 and newer, where ``EXACT_CASTS`` is off): the paired bf16 rounding and the
-E2M1 byte of two values; ``tests/test_numerics.py`` checks them on the GPU against torch
-and the reference (every bf16 value up to 6).
+conversions may use those, which give the same bytes. The native forms are inline PTX
+(NVIDIA sm_89 and newer, where ``EXACT_CASTS`` is off): the paired bf16 rounding, the e4m3
+codes four at a time, and the E2M1 bytes (of two scaled values, or four bytes at a time
+from unscaled keys and their group exponents); ``tests/test_numerics.py`` checks them on
+the GPU against torch and the reference (every bf16 value up to 6, and times 2**e).
 """
 
 import triton
@@ -243,7 +244,8 @@ def _e2m1_x4_ptx() -> str:
         "mov.b32 t1, {c2, c3};",
         "prmt.b32 xs, t0, t1, 0x6420;",            # x0 .. x3
         "prmt.b32 ys, t0, t1, 0x7531;",            # y0 .. y3
-        # x: index (c & 7) + ((c >> 2) & 6) - 2 (no borrow: each byte's sum is >= 2), the
+        # x: index (c & 7) + ((c >> 2) & 6) - 2 (no borrow: for |v| <= 6 * 2**e each byte's
+        # sum is >= 2; a non-finite key's garbage stays within its own bytes), the
         # sign (bit 7) to bit 3
         "and.b32 t0, xs, 0x07070707;",
         "shr.b32 a, xs, 2;",
@@ -271,7 +273,8 @@ _E2M1_X4_PTX: tl.constexpr = tl.constexpr(_e2m1_x4_ptx())
 _E2M1_X4_CONSTRAINTS: tl.constexpr = tl.constexpr("=r," + ",".join(["r"] * 12))
 
 
-# From how many pairs a launch's tensors encode four bytes a conversion (``e2m1_pairs_to_bytes``).
+# From how many pairs a program's tensors (x.numel) encode four bytes a conversion
+# (``e2m1_pairs_to_bytes``; its callers' tensors hold a multiple of four pairs a thread).
 E2M1_X4_MIN_PAIRS: tl.constexpr = tl.constexpr(256)
 
 

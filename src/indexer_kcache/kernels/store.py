@@ -115,9 +115,10 @@ def _amax_bits_by_group(x, y, SIGNED_LEVELS: tl.constexpr):
     and are otherwise those of its amax (a NaN's, or the canonical NaN's). The float levels
     keep a NaN; the integer levels cannot drop it, as a float max may."""
     if SIGNED_LEVELS:
-        # (before the native four-byte E2M1 encode) the pair's max keeps the product's
-        # sign, dropped by a mask: the encode takes |x| as an operand modifier, and an |x|
-        # here as well would be computed once for both, an instruction a value.
+        # Where the native four-byte E2M1 encode follows: it takes |x| as an operand
+        # modifier, and were |x| an operand here too, the compiler would compute it once
+        # for both, an instruction a value. So the pair's max keeps the sign of x * y, and
+        # a mask drops it.
         bits = _max_abs_keeping_sign(x, y).to(tl.int32, bitcast=True) & 0x7FFFFFFF
     else:
         m = tl.maximum(tl.abs(x), tl.abs(y), propagate_nan=tl.PropagateNan.ALL)
