@@ -61,6 +61,28 @@ def test_dequantize_equals_decoded_reference(fmt, layout_name, backend):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gather_outputs_are_fresh_contiguous_tensors(fmt):
+    """Every call, any row count (none, one, repeated counts: the plan keeps the outputs'
+    shapes, not tensors), returns two new contiguous uint8 tensors of their own storage."""
+    case, cache, values, scales, options = written_case(fmt, "row-major", num_tokens=40)
+    fp4 = case.use_fp4_cache
+    widths = (layout.value_bytes(fp4), layout.SCALE_BYTES)
+    held = []  # every output stays alive, so no storage can be handed out twice
+    for n in (0, 1, 7, 7, 40, 1):
+        order = torch.randperm(case.slots.numel())[:n]
+        got = ik.gather_indexer_k(cache, case.slots[order.to(case.slots.device)], fp4,
+                                  backend="triton", **options)
+        for tensor, width in zip(got, widths, strict=True):
+            assert tensor.dtype == torch.uint8 and tensor.shape == (n, width)
+            assert tensor.is_contiguous() and (n == 0 or tensor.stride() == (width, 1))
+        assert torch.equal(got[0], values[order]) and torch.equal(got[1], scales[order])
+        if n:
+            held += got
+    storages = [t.untyped_storage().data_ptr() for t in held]
+    assert len(set(storages)) == len(storages)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_no_slots_give_empty_outputs(fmt, backend):

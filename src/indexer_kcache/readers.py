@@ -13,7 +13,7 @@ is ever read outside the cache. The layout options (``shuffle``, ``mxfp4_n_per_t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ from .kernels import INTERPRETED, gather_indexer_k_kernel
 from .launcher import Kernel, Launch, declare_op
 
 BLOCK_R = 64 if INTERPRETED else 32  # rows per program
+MAX_ROW_COUNTS_KEPT = 1024  # row counts whose output shapes a gather plan keeps
 GATHER_KERNEL = Kernel(gather_indexer_k_kernel)
 
 
@@ -56,6 +57,8 @@ class ReaderPlan:
     num_slots: int
     value_bytes: int  # of a stored row
     launch: Launch  # the gather kernel in the reader's mode
+    # The gather's output shapes by row count (``_output_shapes``), filled as calls come.
+    output_shapes: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def _reader_plan(call: OpCall, *index_names: str, dequantize: bool = False, mx_scales: bool | None = None,
@@ -150,6 +153,23 @@ def _new_rows(device: torch.device, num_rows: int, value_bytes: int
             torch.empty(num_rows, layout.SCALE_BYTES, dtype=torch.uint8, device=device))
 
 
+def _output_shapes(plan: ReaderPlan, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors shaped as the gather's outputs, ``values`` and ``scales``, whose
+    ``empty_like`` is a fresh contiguous pair: one byte expanded (no memory; an
+    overlapping tensor's ``empty_like`` is contiguous), or empty tensors for no rows.
+    ``empty_like`` of a kept tensor is the cheapest allocation call from Python
+    (BENCHMARKS.md, "Eager calls")."""
+    if num_rows:
+        byte = _unused_kept(plan.device)[:1].view(1, 1)
+        shapes = (byte.expand(num_rows, plan.value_bytes),
+                  byte.expand(num_rows, layout.SCALE_BYTES))
+    else:
+        shapes = _new_rows(plan.device, 0, plan.value_bytes)
+    if len(plan.output_shapes) < MAX_ROW_COUNTS_KEPT:
+        plan.output_shapes[num_rows] = shapes
+    return shapes
+
+
 def run_gather(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
@@ -158,7 +178,8 @@ def run_gather(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tens
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
     num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python (BENCHMARKS.md, "Eager calls")
-    values, scales = _new_rows(plan.device, num_rows, plan.value_bytes)
+    shapes = plan.output_shapes.get(num_rows) or _output_shapes(plan, num_rows)
+    values, scales = torch.empty_like(shapes[0]), torch.empty_like(shapes[1])
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, values_ptr=values, scales_ptr=scales)
@@ -207,7 +228,8 @@ def run_gather_by_blocks(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, 
         checks.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),
             plan.num_slots, "slots of the sequences")
-    values, scales = _new_rows(plan.device, num_rows, plan.value_bytes)
+    shapes = plan.output_shapes.get(num_rows) or _output_shapes(plan, num_rows)
+    values, scales = torch.empty_like(shapes[0]), torch.empty_like(shapes[1])
     if num_rows:
         plan.launch(
             # Capped: a program takes every MAX_GRID_Y-th chunk of a longer sequence.
