@@ -170,6 +170,12 @@ def _output_shapes(plan: ReaderPlan, num_rows: int) -> tuple[torch.Tensor, torch
     return shapes
 
 
+def _new_outputs(plan: ReaderPlan, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gather's fresh ``values`` and ``scales`` for ``num_rows`` rows."""
+    shapes = plan.output_shapes.get(num_rows) or _output_shapes(plan, num_rows)
+    return torch.empty_like(shapes[0]), torch.empty_like(shapes[1])
+
+
 def run_gather(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     k_cache, slots = call.k_cache, call.slots
     if plan.backend == "reference":
@@ -178,8 +184,7 @@ def run_gather(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tens
     if plan.check_bounds:
         checks.check_slots_in_range(slots, plan.num_slots)
     num_rows = slots.shape[0]  # not len(): a tensor's __len__ is Python (BENCHMARKS.md, "Eager calls")
-    shapes = plan.output_shapes.get(num_rows) or _output_shapes(plan, num_rows)
-    values, scales = torch.empty_like(shapes[0]), torch.empty_like(shapes[1])
+    values, scales = _new_outputs(plan, num_rows)
     if num_rows:
         plan.launch((-(-num_rows // BLOCK_R), 1, 1), cache_ptr=k_cache, slot_ptr=slots,
                     num_rows=num_rows, values_ptr=values, scales_ptr=scales)
@@ -228,8 +233,7 @@ def run_gather_by_blocks(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, 
         checks.check_slots_in_range(
             reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),
             plan.num_slots, "slots of the sequences")
-    shapes = plan.output_shapes.get(num_rows) or _output_shapes(plan, num_rows)
-    values, scales = torch.empty_like(shapes[0]), torch.empty_like(shapes[1])
+    values, scales = _new_outputs(plan, num_rows)
     if num_rows:
         plan.launch(
             # Capped: a program takes every MAX_GRID_Y-th chunk of a longer sequence.

@@ -289,11 +289,10 @@ def e2m1_pairs_to_bytes(x, y, e, EXACT_CASTS: tl.constexpr):
         inv_scale = pow2(-e)
         byte = e2m1_pair(x * inv_scale, y * inv_scale, EXACT_CASTS).to(tl.uint8)
     else:
-        e = tl.broadcast_to(e, x.shape)
+        scale_bits = tl.broadcast_to(pow2(e).to(tl.int32, bitcast=True), x.shape)  # of 2**e
         byte = tl.inline_asm_elementwise(
             _E2M1_X4_PTX, _E2M1_X4_CONSTRAINTS,
-            [x.to(tl.int32, bitcast=True), y.to(tl.int32, bitcast=True),
-             pow2(e).to(tl.int32, bitcast=True)],
+            [x.to(tl.int32, bitcast=True), y.to(tl.int32, bitcast=True), scale_bits],
             dtype=tl.uint8, is_pure=True, pack=4)
     return byte
 
