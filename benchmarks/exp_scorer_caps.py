@@ -12,7 +12,6 @@ logits checked bit for bit against the default's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -34,12 +33,6 @@ def capped(default, case):
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    logits_gpu.variant_experiment("exp_scorer_caps", SHAPES, capped, args.rounds, ranked=True)
-
-
 if __name__ == "__main__":
-    main()
+    logits_gpu.variant_experiment("exp_scorer_caps", SHAPES, capped,
+                                  logits_gpu.experiment_rounds(__doc__), ranked=True)

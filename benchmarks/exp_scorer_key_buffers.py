@@ -11,7 +11,6 @@ key format with e4m3 queries (MXFP4 queries at one); variants timed in alternati
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -33,12 +32,6 @@ def deeper(default, case):
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    logits_gpu.variant_experiment("exp_scorer_key_buffers", SHAPES, deeper, args.rounds)
-
-
 if __name__ == "__main__":
-    main()
+    logits_gpu.variant_experiment("exp_scorer_key_buffers", SHAPES, deeper,
+                                  logits_gpu.experiment_rounds(__doc__))
