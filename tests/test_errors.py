@@ -233,3 +233,38 @@ def test_strided_vector_rejected_after_a_one_element_call_with_that_stride():
         with pytest.raises(ValueError, match=rf"{name}.stride\(0\)"):
             ik.indexer_k_norm_rope_store(*args)
         assert torch.equal(pages(cache), before)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    pytest.param(lambda: ik.allocate_k_cache(4, 8, "no"), TypeError, "use_fp4_cache",
+                 id="allocate-fp4-flag-str"),
+    pytest.param(lambda: ik.allocate_k_cache(4.0, 8, False), TypeError, "num_blocks",
+                 id="allocate-blocks-float"),
+    pytest.param(lambda: ik.allocate_k_cache(4, 0, False), ValueError, "block_size",
+                 id="allocate-block-size-0"),
+    pytest.param(lambda: ik.allocate_k_cache(4, 8, False, page_bytes=2000.0), TypeError,
+                 "page_bytes", id="allocate-page-bytes-float"),
+    pytest.param(lambda: ik.cache_row_bytes(None), TypeError, "use_fp4_cache",
+                 id="row-bytes-none"),
+    pytest.param(lambda: ik.lengths_from_context(torch.tensor([2**32 + 3]), 1, 2**32 + 10),
+                 ValueError, "num_cols", id="lengths-num-cols-past-int32"),
+    pytest.param(lambda: ik.paged_mqa_logits(
+        torch.zeros(1, 1, 4, 128, dtype=torch.float8_e4m3fn),
+        torch.zeros(1, 64, 132, dtype=torch.uint8), torch.ones(1, 4),
+        torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), 64),
+        TypeError, "as a pair", id="scorer-bare-e4m3-query"),
+])
+def test_helpers_and_query_forms_name_bad_arguments(call, error, words):
+    """The helpers check their arguments as the ops do; a bare e4m3 query says it needs the
+    (values, scales) pair."""
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_gather_by_blocks_on_meta_tensors_says_why():
+    """Its row count is data (cu_seq_lens[-1]): meta tensors cannot give it, FakeTensors can."""
+    cache = torch.empty(4, 8, 132, dtype=torch.uint8, device="meta")
+    table = torch.zeros(2, 2, dtype=torch.int32, device="meta")
+    cu_seq_lens = torch.zeros(3, dtype=torch.int32, device="meta")
+    with pytest.raises(NotImplementedError, match="cu_seq_lens"):
+        ik.gather_indexer_k_by_blocks(cache, table, cu_seq_lens, False)

@@ -11,13 +11,12 @@ run where. Every op is also a ``torch.library`` op of the ``indexer_kcache`` nam
 """
 
 from . import compat
-from .layout import cache_row_bytes
 from .logits import paged_mqa_logits
 from .readers import dequantize_indexer_k, gather_indexer_k, gather_indexer_k_by_blocks
 from .reference.logits import lengths_from_context
 from .store import indexer_k_norm_rope_store
 from .topk import top_k_indices
-from .util import allocate_k_cache
+from .util import allocate_k_cache, cache_row_bytes
 
 __version__ = "0.1.0"
 

@@ -137,6 +137,9 @@ def split_query(q: object) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``q`` as (values, scales or None): a bf16 tensor, or a pair (e4m3 or packed MXFP4
     values, int32 scales or None)."""
     if isinstance(q, torch.Tensor):
+        if q.dtype in (torch.float8_e4m3fn, torch.uint8):
+            fail_type("q", "a bf16 tensor, or e4m3 / MXFP4 values as a pair (values, scales "
+                      "or None)", f"a bare {q.dtype} tensor")
         checks.check_dtype("q", q, (torch.bfloat16,))
         return q, None
     if not isinstance(q, (tuple, list)) or len(q) != 2:

@@ -250,9 +250,16 @@ def _fake_rows(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tens
 
 
 def _fake_sequence_rows(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
-    # The row count is cu_seq_lens[-1]: data, not metadata.
-    return _new_rows(call.k_cache.device, torch.library.get_ctx().new_dynamic_size(),
-                     plan.value_bytes)
+    # The row count is cu_seq_lens[-1]: data, not metadata. FakeTensors (torch.compile)
+    # give it a dynamic size; meta tensors have none to give.
+    try:
+        rows = torch.library.get_ctx().new_dynamic_size()
+    except RuntimeError as e:
+        raise NotImplementedError(
+            "gather_indexer_k_by_blocks: meta tensors: the number of rows is cu_seq_lens[-1], "
+            "data a meta tensor does not hold (FakeTensors, as torch.compile traces, take a "
+            "dynamic size)") from e
+    return _new_rows(call.k_cache.device, rows, plan.value_bytes)
 
 
 def _fake_keys(plan: ReaderPlan, call: OpCall) -> torch.Tensor:

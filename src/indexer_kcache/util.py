@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from .layout import cache_row_bytes
+from . import layout
+from .checks import check_flag, check_int
+
+
+def cache_row_bytes(use_fp4_cache: bool) -> int:
+    """The last dimension of ``k_cache``: value bytes plus 4 scale bytes (132 for FP8, 68
+    for MXFP4)."""
+    check_flag("use_fp4_cache", use_fp4_cache)
+    return layout.cache_row_bytes(use_fp4_cache)
 
 
 def allocate_k_cache(
@@ -20,11 +28,11 @@ def allocate_k_cache(
     then a strided view into ``[num_blocks, page_bytes]`` storage whose padding the
     store never touches.
     """
+    check_int("num_blocks", num_blocks, at_least=0)
+    check_int("block_size", block_size, at_least=1)
+    check_int("page_bytes", page_bytes, allow_none=True)
     row = cache_row_bytes(use_fp4_cache)
     payload = block_size * row
-    if num_blocks < 0 or block_size < 1:
-        raise ValueError(f"num_blocks, block_size: expected >= 0 and >= 1, got {num_blocks}, "
-                         f"{block_size}")
     if page_bytes is None:
         page_bytes = payload
     if page_bytes < payload:

@@ -23,6 +23,8 @@ from ..checks import INDEX_DTYPES, check_dtype, check_int, fail_value
 from ..layout import HEAD_DIM, MXFP4_D_PER_TILE, MXFP4_GROUP
 from .cache import cache_bytes, decode_e2m1, dequantize, token_byte_offsets, ue8m0_to_float
 
+INT32_MAX = 2**31 - 1
+
 __all__ = [
     "lengths_from_context",
     "q_scale_bytes",
@@ -43,6 +45,8 @@ def lengths_from_context(context_lens: torch.Tensor, next_n: int, num_cols: int)
     """
     check_int("next_n", next_n, at_least=1)
     check_int("num_cols", num_cols, at_least=0)
+    if num_cols > INT32_MAX:
+        fail_value("num_cols", f"<= {INT32_MAX} (the lengths are int32)", num_cols)
     check_dtype("context_lens", context_lens, INDEX_DTYPES)
     if context_lens.dim() not in (1, 2) or (context_lens.dim() == 2
                                             and context_lens.shape[1] != next_n):
