@@ -7,11 +7,14 @@ registers: five programs) and 216 at 72. The default against those caps at the s
 with many programs; variants timed in alternation, ``--rounds`` times each, each one's
 logits checked bit for bit against the default's.
 
-    python benchmarks/exp_scorer_caps.py [--rounds 3]
+    python benchmarks/exp_scorer_caps.py [--rounds 3] [--set all | fp8]
+
+``--set fp8``: FP8 keys only, the default against a cap of 80, at its many-program shapes.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -33,6 +36,18 @@ def capped(default, case):
     return found
 
 
+FP8_SHAPES = {("fp8", "e4m3"): [(64, 8192, 1), (64, 32768, 1), (128, 65536, 1)]}
+
+
+def capped_80(default, case):
+    return {"default": default, "r80": default._replace(max_registers=80)}
+
+
 if __name__ == "__main__":
-    logits_gpu.variant_experiment("exp_scorer_caps", SHAPES, capped,
-                                  logits_gpu.experiment_rounds(__doc__), ranked=True)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", choices=("all", "fp8"), default="all")
+    args = parser.parse_args()
+    shapes, variants = (SHAPES, capped) if args.set == "all" else (FP8_SHAPES, capped_80)
+    logits_gpu.variant_experiment(f"exp_scorer_caps_{args.set}", shapes, variants, args.rounds,
+                                  ranked=True)
