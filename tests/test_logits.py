@@ -828,6 +828,11 @@ def test_settings_are_deterministic_and_split_long_rows():
     # A register cap where the rare exact paths would otherwise set the count.
     assert logits_settings(8, 1, 64, 32768, True, 1, 132, interpreted=False).max_registers > 0
     assert logits_settings(8, 1, 64, 32768, False, 1, 132, interpreted=False).max_registers == 0
+    # FP8 in several rounds of programs: capped for six programs an SM.
+    assert logits_settings(128, 1, 64, 65536, False, 1, 132,
+                           interpreted=False).max_registers == 80
+    assert logits_settings(64, 1, 64, 32768, False, 1, 132,
+                           interpreted=False).max_registers == 0  # one round
     # A small call: a tile a program.
     small = logits_settings(1, 1, 64, 4096, False, 1, 132, interpreted=False)
     assert small.splits == 4096 // small.block_n

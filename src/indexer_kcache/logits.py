@@ -318,7 +318,9 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     their own (``prefold``), and their programs take twice the tiles only when the launch
     would otherwise need more than one round of them. MXFP4 keys against e4m3 operands,
     one or two rows a program of at least ``PROGRAM_FOLD_MIN_TILES`` tiles, are folded
-    relative to one exponent a program (``program_fold``). The measurements behind the numbers:
+    relative to one exponent a program (``program_fold``). FP8 keys against e4m3 queries,
+    one row a program, in more than one round of programs, are capped at
+    ``FP8_MANY_PROGRAMS_REGISTERS`` (six programs an SM). The measurements behind the numbers:
     BENCHMARKS.md, "The scorer".
     """
     head_pad = _head_pad(heads)
@@ -365,10 +367,14 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     # (Four rows a program: their head sums outweigh what it saves, measured.)
     program_fold = (native and use_fp4_cache and q_form != Q_BF16 and rows <= 2
                     and per_program >= PROGRAM_FOLD_MIN_TILES)
+    programs = row_groups * splits
+    if (native and not use_fp4_cache and rows == 1 and q_form == Q_E4M3
+            and programs > wanted and not max_registers):
+        # Several rounds of FP8 programs: six an SM under the cap instead of five (measured).
+        max_registers = FP8_MANY_PROGRAMS_REGISTERS
     # Dependent launch pays off while the programs fit on the SMs at once (the next call's
     # programs then wait in room this launch leaves free); releasing the next call at once
     # is best for the smallest launches. Measured: BENCHMARKS.md, "The scorer".
-    programs = row_groups * splits
     pdl = PDL_EARLY if programs <= sm_count else PDL_AT_EXIT if programs <= wanted else PDL_NONE
     # A launch released at once waits mostly on its first pages: those are hinted into L2
     # while the previous kernel runs (e4m3 queries, the form measured; the hints cost time
@@ -381,6 +387,7 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
 
 PROGRAMS_PER_SM = 4
 LARGE_MXFP4_REGISTERS = 96
+FP8_MANY_PROGRAMS_REGISTERS = 80
 MIN_TILES = 1
 MIN_TILES_ROWS = 4
 MAX_TILES = 16
