@@ -268,3 +268,22 @@ def test_gather_by_blocks_on_meta_tensors_says_why():
     cu_seq_lens = torch.zeros(3, dtype=torch.int32, device="meta")
     with pytest.raises(NotImplementedError, match="cu_seq_lens"):
         ik.gather_indexer_k_by_blocks(cache, table, cu_seq_lens, False)
+
+
+def test_store_cache_apart_from_its_inputs():
+    """A cache sharing bytes with an input is refused before any byte changes (checked when
+    the call's plan is made)."""
+    buf = torch.zeros(12000, dtype=torch.uint8)
+    cache = buf[6000:6000 + 4 * 8 * 132].view(4, 8, 132)
+    weight = torch.ones(128, dtype=torch.bfloat16)
+    before = buf.clone()
+    with pytest.raises(ValueError, match="k_cache: expected memory apart from k_pre's"):
+        ik.indexer_k_norm_rope_store(buf[:24 * 256].view(torch.bfloat16).view(24, 128),
+                                     torch.arange(24), torch.randn(64, 64), weight, 1e-6, cache,
+                                     torch.arange(24), 1, False)
+    with pytest.raises(ValueError, match="apart from cos_sin_cache's"):
+        ik.indexer_k_norm_rope_store(
+            torch.randn(2, 128).bfloat16(), torch.arange(2),
+            buf[6000:6000 + 16 * 256].view(torch.float32).view(16, 64), weight, 1e-6, cache,
+            torch.arange(2), 1, False)
+    assert torch.equal(buf, before)
