@@ -368,8 +368,7 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     program_fold = (native and use_fp4_cache and q_form != Q_BF16 and rows <= 2
                     and per_program >= PROGRAM_FOLD_MIN_TILES)
     programs = row_groups * splits
-    if (native and not use_fp4_cache and rows == 1 and q_form == Q_E4M3
-            and programs > wanted and not max_registers):
+    if native and not use_fp4_cache and rows == 1 and q_form == Q_E4M3 and programs > wanted:
         # Several rounds of FP8 programs: six an SM under the cap instead of five (measured).
         max_registers = FP8_MANY_PROGRAMS_REGISTERS
     # Dependent launch pays off while the programs fit on the SMs at once (the next call's

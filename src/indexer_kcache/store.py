@@ -53,10 +53,6 @@ class StorePlan:
     eps: float
     page_stride: int
     num_slots: int
-    # k_cache compared with the inputs' memory by the plan's first call with data, not by
-    # every call: on the eager path that costs more than the call's budget (measured,
-    # BENCHMARKS.md). A plan is found again by the tensors' metadata, not their addresses.
-    apart_unchecked: list = field(default_factory=lambda: [True])  # [True] until that call
     launches: dict = field(default_factory=dict)  # StoreSettings -> Launch
     # num_tokens -> (the settings function that chose, launch, grid): the last calls' sizes
     by_tokens: dict = field(default_factory=dict)
@@ -249,10 +245,12 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
 
 
 def run_store(plan: StorePlan, call: OpCall) -> None:
-    if plan.apart_unchecked[0]:
+    if not plan.by_tokens:
+        # k_cache against the inputs' memory until the plan has launched, not on every call:
+        # on the eager path that costs more than the call's budget (measured, BENCHMARKS.md).
+        # A plan is found again by the tensors' metadata, not their addresses.
         checks.check_apart(checks.output_extents(call, "k_cache", (
             "k_pre", "positions", "cos_sin_cache", "rms_norm_weight", "kv_slot_mapping")), call)
-        plan.apart_unchecked[0] = False
     num_tokens = call.kv_slot_mapping.shape[0]
     if call.k_pre.shape[0] < num_tokens or call.positions.shape[0] < num_tokens:
         check_token_counts(call)  # raises, naming the short tensor
