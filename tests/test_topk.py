@@ -431,9 +431,13 @@ def test_long_rows_of_candidates_a_few_keys_apart(bucket_in_filter):
     settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
     g = generator(19)
     one = 0x3F800000  # 1.0f: its key's low 16 bits are zero, as the threshold's are
-    bits = one + torch.randint(0, settings.block // 2, (2, cols), generator=g, dtype=torch.int32)
+    top = settings.block // 2 - 1
+    bits = one + torch.randint(0, top, (2, cols), generator=g, dtype=torch.int32)
+    assert sampled_columns(cols, settings)[0]
+    bits[:, 0] = one + top  # a sampled column: no candidate lies above the sample's largest
     logits = bits.view(torch.float32)
     low = torch.rand(2, cols, generator=g) < 0.4
+    low[:, 0] = False
     logits[low] = -10 + torch.randn(int(low.sum()), generator=g)
     logits = logits.to(DEVICE)
     buffers = {}
