@@ -1,10 +1,11 @@
 """MXFP4 at ratio 2 and 256K tokens: the launcher's setting beside L2 hints of the indices
 a program ahead and other register caps; float32 keys (both formats, both ratios) beside
-bf16 ones; float32 keys into MXFP4 at ratio 2 by pairs instead of compacted ranges. In
-alternated rounds.
+bf16 ones; float32 keys into MXFP4 at ratio 2 by pairs instead of compacted ranges; 32
+pairs a program (two threads a key) instead of 16 (four), under register caps that keep
+more keys in flight an SM. In alternated rounds.
 
     python benchmarks/exp_store_mxfp4_ratio2.py [--calls 50] [--rounds 2]
-        [--parts settings keys float-pairs]
+        [--parts settings keys float-pairs | program]
 
 Every setting's bytes are checked against the reference on a batch with poisoned keys
 (float32 keys: also against the same call with the keys rounded to bf16), then timed by
@@ -23,7 +24,7 @@ from indexer_kcache.store import StoreSettings
 from store_ratio2_gpu import DEFAULT_SETTINGS, experiment
 
 TOKENS = 262144
-PARTS = ("settings", "keys", "float-pairs")
+PARTS = ("settings", "keys", "float-pairs", "program")
 # The settings compared, spelled out (the launcher's own choice moves with its revision).
 PAIRS = StoreSettings(16, 2, False, 96)  # ratio-2 pairs above 64K tokens, no hints
 COMPACTED = StoreSettings(8, 1, False, 0, True, 2)  # float32 keys into MXFP4 before 4076dda
@@ -31,7 +32,7 @@ COMPACTED = StoreSettings(8, 1, False, 0, True, 2)  # float32 keys into MXFP4 be
 
 def main() -> None:
     parts = argparse.ArgumentParser(add_help=False)
-    parts.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS))
+    parts.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS[:3]))
     known, sys.argv[1:] = parts.parse_known_args()  # the rest: the shared options
     args, run = experiment(__doc__)
     for rnd in range(args.rounds):
@@ -65,6 +66,20 @@ def main() -> None:
                             f"bf16-{rnd}")
             run.measure("mxfp4", 1, TOKENS, DEFAULT_SETTINGS(TOKENS, 1, True, False),
                         f"bf16r1-{rnd}")
+        if "program" in known.parts:
+            # 16 pairs on 2 warps (96 registers, ten programs an SM: 160 keys) against 32
+            # (two threads a key, fewer instructions a key: seven programs an SM at 144
+            # registers, 224 keys; eight at 128, with spills), hints at the same distance
+            # in tokens. (An earlier form of the kernel took 32 pairs 12 % slower, at 167
+            # registers: "L2 hints of the key and cos/sin rows" in BENCHMARKS.md.)
+            for fmt, wide in (("mxfp4", [(144, True), (128, True), (160, True), (0, True),
+                                         (144, False)]),
+                              ("fp8", [(144, False), (128, False)])):
+                run.measure(fmt, 2, TOKENS, PAIRS._replace(hint_ahead=660), f"p16-{rnd}")
+                for cap, scales in wide:
+                    setting = StoreSettings(32, 2, False, cap, hint_ahead=330,
+                                            group_scales=scales)
+                    run.measure(fmt, 2, TOKENS, setting, f"p32-{rnd}")
     run.save("store_mxfp4_ratio2")
 
 

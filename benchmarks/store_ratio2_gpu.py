@@ -51,7 +51,7 @@ def label(setting) -> str:
     kind = f"compact{ranges}" if compact else ("eager" if eager else "pairs")
     hints = hints + [0] * (2 - len(hints))
     return (f"{kind} {block_t}x{warps}" + f" r{max_registers}" * bool(max_registers)
-            + f" hint{hints[0]}" * bool(hints[0]) + f" rows{hints[1]}" * bool(hints[1]))
+            + f" hint{hints[0]}" * bool(hints[0]) + " group-scales" * bool(hints[1]))
 
 
 def use(setting) -> None:
