@@ -42,6 +42,10 @@ def bad_calls():
          lambda c, k: dict(k_pre=c.k_pre[:3])),
         ("k_pre-not-tensor", TypeError, "k_pre",
          lambda c, k: dict(k_pre=[1.0] * layout.HEAD_DIM)),
+        ("k_pre-sparse", TypeError, "k_pre: expected a dense (strided)",
+         lambda c, k: dict(k_pre=c.k_pre.to_sparse())),
+        ("k_cache-sparse", TypeError, "k_cache: expected a dense (strided)",
+         lambda c, k: dict(k_cache=k.to_sparse())),
         ("positions-dtype", TypeError, "positions",
          lambda c, k: dict(positions=c.positions.float())),
         ("positions-short", ValueError, "positions",
@@ -169,6 +173,11 @@ def test_options_the_schema_would_convert_are_refused_on_every_path(change, word
             ik.dequantize_indexer_k(cache, slots, None)
         with pytest.raises(TypeError, match="mx_scales: expected a bool or None, got int"):
             ik.dequantize_indexer_k(cache, slots, False, mx_scales=1)
+        # The schema would take bytes for a str.
+        with pytest.raises(TypeError, match="backend: expected a str or None, got bytes"):
+            ik.indexer_k_norm_rope_store(*case.args(cache), backend=b"triton")
+        with pytest.raises(TypeError, match="backend: expected a str or None, got bytes"):
+            ik.top_k_indices(torch.randn(2, 40, device=DEVICE), 3, backend=b"reference")
     assert torch.equal(pages(cache), before)
 
 
@@ -253,6 +262,12 @@ def test_strided_vector_rejected_after_a_one_element_call_with_that_stride():
         torch.zeros(1, 64, 132, dtype=torch.uint8), torch.ones(1, 4),
         torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), 64),
         TypeError, "as a pair", id="scorer-bare-e4m3-query"),
+    pytest.param(lambda: ik.top_k_indices(torch.randn(4, 64).to_sparse_csr(), 3), TypeError,
+                 "logits: expected a dense", id="topk-sparse-csr-logits",
+                 marks=pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")),
+    pytest.param(lambda: ik.top_k_indices(torch.randn(4, 64), 3,
+                                          out=torch.zeros(4, 3, dtype=torch.int32).to_sparse()),
+                 TypeError, "out: expected a dense", id="topk-sparse-out"),
 ])
 def test_helpers_and_query_forms_name_bad_arguments(call, error, words):
     """The helpers check their arguments as the ops do; a bare e4m3 query says it needs the

@@ -979,7 +979,7 @@ def test_out_rows_may_be_spaced():
     assert torch.equal(wide[:, width:], torch.full((4, 5), 7.0, device=DEVICE))
 
 
-def test_deepgemm_entry_point_rejects_indices():
+def test_deepgemm_entry_points_name_bad_arguments():
     call, _ = make_call("fp8", "row-major", "e4m3")
     with pytest.raises(NotImplementedError, match="indices"):
         compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
@@ -998,6 +998,15 @@ def test_deepgemm_entry_point_rejects_indices():
         compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"][1:],
                                         call["context_lens"], call["block_table"], None,
                                         call["max_model_len"])
+    # Named as the caller passed them (DeepGEMM's kv_cache and block_tables).
+    with pytest.raises(TypeError, match="^block_tables: expected a torch.Tensor, got list"):
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
+                                        call["context_lens"], [[0, 1]], None,
+                                        call["max_model_len"])
+    with pytest.raises(TypeError, match="^kv_cache: expected"):
+        compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"].view(torch.int8),
+                                        call["weights"], call["context_lens"],
+                                        call["block_table"], None, call["max_model_len"])
     with pytest.raises(TypeError, match="logits_dtype"):
         compat.fp8_fp4_paged_mqa_logits(call["q"], call["k_cache"], call["weights"],
                                         call["context_lens"], call["block_table"], None,

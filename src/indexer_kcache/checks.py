@@ -47,6 +47,8 @@ def fail_unsupported(name: str, expected: str, got: object) -> None:
 def check_dtype(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> None:
     if not isinstance(t, torch.Tensor):
         fail_type(name, "a torch.Tensor", type_name(t))
+    if t.layout != torch.strided:  # sparse tensors have no strides to index by
+        fail_type(name, "a dense (strided) torch.Tensor", f"layout {t.layout}")
     if t.dtype not in dtypes:
         fail_type(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
 
@@ -83,6 +85,13 @@ def check_flag(name: str, value: object, allow_none: bool = False) -> None:
         return
     if not isinstance(value, bool):
         fail_type(name, "a bool" + (" or None" if allow_none else ""), type_name(value))
+
+
+def check_text(name: str, value: object, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str):
+        fail_type(name, "a str" + (" or None" if allow_none else ""), type_name(value))
 
 
 def check_rows_apart(name: str, t: torch.Tensor, width_name: str) -> None:

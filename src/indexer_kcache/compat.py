@@ -30,6 +30,8 @@ cache stored in a ROCm layout is scored by ``paged_mqa_logits`` with its options
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from . import checks
@@ -131,13 +133,27 @@ def fp8_fp4_paged_mqa_logits(
     if rows is not None:  # else paged_mqa_logits names what is wrong
         checks.check_int("max_model_len", max_model_len, at_least=0)
         out = _padded_rows(rows, max_model_len, torch.float32, weights.device)
-    logits = paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len,
-                              mx_scales=mx_scales, shuffle=False, clean_logits=clean_logits,
-                              out=out)
+    try:
+        logits = paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
+                                  max_model_len, mx_scales=mx_scales, shuffle=False,
+                                  clean_logits=clean_logits, out=out)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        raise _with_deepgemm_names(error) from None
     if logits_dtype == torch.float32:
         return logits
     rounded = _padded_rows(logits.shape[0], logits.shape[1], logits_dtype, logits.device)
     return rounded.copy_(logits)
+
+
+# paged_mqa_logits's names for the arguments this module names as DeepGEMM does.
+_DEEPGEMM_NAMES = {"k_cache": "kv_cache", "block_table": "block_tables"}
+
+
+def _with_deepgemm_names(error: Exception) -> Exception:
+    """``error`` again, its message naming the arguments as the caller passed them."""
+    message = re.sub(r"\b(k_cache|block_table)\b", lambda m: _DEEPGEMM_NAMES[m.group(1)],
+                     str(error))
+    return type(error)(message)
 
 
 def _result_rows(q: object, weights: object) -> int | None:

@@ -251,7 +251,7 @@ class Op:
 
 def _option_checks(declaration: Callable, options: list[tuple[int, str]]) -> list:
     """(index, exact types that pass at once, check) of the declared options whose values
-    the schema would convert: bools, ints and floats (each optionally None), by their
+    the schema would convert: bools, ints, floats and strs (each optionally None), by their
     annotations. Ints always meet their check (its int64 range)."""
     hints = typing.get_type_hints(declaration)
     found = []
@@ -268,6 +268,9 @@ def _option_checks(declaration: Callable, options: list[tuple[int, str]]) -> lis
                                                           allow_none=allow_none)))
         elif kinds == {float}:
             found.append((index, exact, functools.partial(checks.check_real, name,
+                                                          allow_none=allow_none)))
+        elif kinds == {str}:  # the schema would take bytes as a str
+            found.append((index, exact, functools.partial(checks.check_text, name,
                                                           allow_none=allow_none)))
     return found
 
