@@ -448,6 +448,26 @@ def test_long_rows_of_candidates_a_few_keys_apart(bucket_in_filter):
         assert (buffers["meta"][:, 1].cpu() == 32).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_subnormals_rank_when_the_cpu_flushes_them(dtype):
+    """Subnormals rank by value even with ``torch.set_flush_denormal(True)``, under which
+    the CPU's float compares read them as zeros (the reference ranks by the bits)."""
+    width = 32 if dtype == "fp32" else 16
+    sign = 1 << (width - 1)
+    bits = torch.tensor([1, 0, sign | 1, sign, 2, 1 << (width - 10)], dtype=torch.int64)
+    int_type = torch.int32 if dtype == "fp32" else torch.int16
+    logits = (bits - (bits >= sign).long() * (2 * sign)).to(int_type).view(DTYPES[dtype])
+    want = torch.tensor([[5, 4, 0, 1, 3, 2]], dtype=torch.int32)  # +/-0.0 tie: by column
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        for backend in ("reference", "triton"):
+            got = topk.top_k_indices(logits[None].to(DEVICE), 6, backend=backend)
+            assert torch.equal(got.cpu(), want), backend
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_k_2048_short_rows():
     g = generator(8)
     logits = make_logits("few-distinct", 2, 2600, torch.bfloat16, seed=8)

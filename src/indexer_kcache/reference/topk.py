@@ -6,16 +6,17 @@ NaN ranks below every number (``-inf`` included) and NaNs come in column order; 
 equals ``+0.0``; a row with fewer than ``k`` eligible columns ends with ``-1``. bf16
 logits rank as the float32 values they convert to exactly.
 
-Written for clarity, not speed: one stable sort by value, then one stable sort by rank
-class (number, NaN, ineligible column). Stable sorts keep the order of what they find
-equal, so the columns of equal values stay in increasing order through both.
+Written for clarity, not speed: one stable sort by value (of keys taken from the bits),
+then one stable sort by rank class (number, NaN, ineligible column). Stable sorts keep
+the order of what they find equal, so the columns of equal values stay in increasing
+order through both.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["NUMBER", "NOT_A_NUMBER", "INELIGIBLE", "rank_classes", "top_k_indices"]
+__all__ = ["NUMBER", "NOT_A_NUMBER", "INELIGIBLE", "order_keys", "rank_classes", "top_k_indices"]
 
 # Rank classes, best first: every number ranks above every NaN, which ranks above every
 # column past the row's length (never selected).
@@ -36,6 +37,20 @@ def rank_classes(logits: torch.Tensor, lengths: torch.Tensor | None) -> torch.Te
     return classes
 
 
+def order_keys(logits: torch.Tensor) -> torch.Tensor:
+    """int32 keys that order as the numbers of ``logits`` do, ``-0.0`` equal to ``+0.0``.
+
+    Taken from the bits, not by float compares, which a CPU flushing subnormals
+    (``torch.set_flush_denormal(True)``) would read as zeros: a float's bits order as
+    integers as its magnitude does, so a negative one's are flipped below zero."""
+    if logits.dtype == torch.bfloat16:  # a bf16 value's bits are its float32's top half
+        bits = logits.view(torch.int16).to(torch.int32) << 16
+    else:
+        bits = logits.view(torch.int32)
+    bits = torch.where(bits == torch.iinfo(torch.int32).min, 0, bits)  # -0.0 ties +0.0
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
 def top_k_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None
                   ) -> torch.Tensor:
     """int32 ``[rows, k]``: for each row, the eligible columns of the ``k`` largest values,
@@ -45,13 +60,12 @@ def top_k_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = N
     row ``r`` is eligible iff ``c < lengths[r]``; default: every column).
     """
     rows, cols = logits.shape
-    values = logits.float()
-    values = torch.where(values == 0, torch.zeros_like(values), values)  # -0.0 ties +0.0
-    classes = rank_classes(values, lengths)
+    keys = order_keys(logits)
+    classes = rank_classes(logits, lengths)
     # Within the NaN and ineligible classes only the column order matters: give them all
-    # the same value so that the first sort keeps them in column order.
-    values = torch.where(classes == NUMBER, values, torch.full_like(values, float("-inf")))
-    by_value = torch.sort(values, dim=1, descending=True, stable=True).indices
+    # the same key so that the first sort keeps them in column order.
+    keys = torch.where(classes == NUMBER, keys, torch.iinfo(torch.int32).min)
+    by_value = torch.sort(keys, dim=1, descending=True, stable=True).indices
     by_class = torch.sort(classes.gather(1, by_value), dim=1, stable=True).indices
     order = by_value.gather(1, by_class)
 
