@@ -147,13 +147,12 @@ def fp8_fp4_paged_mqa_logits(
 
 # paged_mqa_logits's names for the arguments this module names as DeepGEMM does.
 _DEEPGEMM_NAMES = {"k_cache": "kv_cache", "block_table": "block_tables"}
+_OUR_NAMES = re.compile(r"\b(" + "|".join(_DEEPGEMM_NAMES) + r")\b")
 
 
 def _with_deepgemm_names(error: Exception) -> Exception:
     """``error`` again, its message naming the arguments as the caller passed them."""
-    message = re.sub(r"\b(k_cache|block_table)\b", lambda m: _DEEPGEMM_NAMES[m.group(1)],
-                     str(error))
-    return type(error)(message)
+    return type(error)(_OUR_NAMES.sub(lambda m: _DEEPGEMM_NAMES[m.group(1)], str(error)))
 
 
 def _result_rows(q: object, weights: object) -> int | None:
