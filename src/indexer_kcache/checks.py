@@ -80,18 +80,20 @@ def check_same_device(reference_name: str, reference: torch.Tensor, **others: to
                        t.device)
 
 
+def _fail_kind(name: str, expected: str, value: object, allow_none: bool) -> None:
+    fail_type(name, expected + (" or None" if allow_none else ""), type_name(value))
+
+
 def check_flag(name: str, value: object, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, bool):
-        fail_type(name, "a bool" + (" or None" if allow_none else ""), type_name(value))
+    """A bool, or None where allowed."""
+    if not (isinstance(value, bool) or (allow_none and value is None)):
+        _fail_kind(name, "a bool", value, allow_none)
 
 
 def check_text(name: str, value: object, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str):
-        fail_type(name, "a str" + (" or None" if allow_none else ""), type_name(value))
+    """A str (not bytes), or None where allowed."""
+    if not (isinstance(value, str) or (allow_none and value is None)):
+        _fail_kind(name, "a str", value, allow_none)
 
 
 def check_rows_apart(name: str, t: torch.Tensor, width_name: str) -> None:
@@ -164,10 +166,9 @@ def check_k_cache(k_cache: object, use_fp4_cache: bool) -> None:
 
 def check_real(name: str, value: object, allow_none: bool = False) -> None:
     """A real number (int or float, not a bool), or None where allowed."""
-    if value is None and allow_none:
-        return
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        fail_type(name, "a float" + (" or None" if allow_none else ""), type_name(value))
+    if not ((isinstance(value, numbers.Real) and not isinstance(value, bool))
+            or (allow_none and value is None)):
+        _fail_kind(name, "a float", value, allow_none)
 
 
 def check_int(name: str, value: object, allow_none: bool = False,
@@ -176,7 +177,7 @@ def check_int(name: str, value: object, allow_none: bool = False,
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool):
-        fail_type(name, "an int" + (" or None" if allow_none else ""), type_name(value))
+        _fail_kind(name, "an int", value, allow_none)
     if not -(1 << 63) <= value < 1 << 63:  # what an op's schema takes
         fail_value(name, "an int64", value)
     if at_least is not None and value < at_least:
