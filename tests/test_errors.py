@@ -302,3 +302,20 @@ def test_store_cache_apart_from_its_inputs():
             buf[6000:6000 + 16 * 256].view(torch.float32).view(16, 64), weight, 1e-6, cache,
             torch.arange(2), 1, False)
     assert torch.equal(buf, before)
+
+
+def test_store_cache_apart_from_its_inputs_on_each_new_token_count():
+    """A plan made and launched by a clean call still compares the memory of a later call with
+    other token counts (the same shapes as before are not compared again)."""
+    buf = torch.randint(0, 256, (12000,), dtype=torch.uint8)
+    cache = buf[6000:6000 + 4 * 8 * 132].view(4, 8, 132)
+    weight = torch.ones(128, dtype=torch.bfloat16)
+    cos_sin = torch.randn(64, 64)
+    ik.indexer_k_norm_rope_store(torch.randn(3, 128).bfloat16(), torch.arange(3), cos_sin,
+                                 weight, 1e-6, cache, torch.arange(3), 1, False)
+    before = buf.clone()
+    with pytest.raises(ValueError, match="k_cache: expected memory apart from k_pre's"):
+        ik.indexer_k_norm_rope_store(buf[5000:5000 + 5 * 256].view(torch.bfloat16).view(5, 128),
+                                     torch.arange(5), cos_sin, weight, 1e-6, cache,
+                                     torch.arange(5), 1, False)
+    assert torch.equal(buf, before)

@@ -56,6 +56,8 @@ class StorePlan:
     launches: dict = field(default_factory=dict)  # StoreSettings -> Launch
     # num_tokens -> (the settings function that chose, launch, grid): the last calls' sizes
     by_tokens: dict = field(default_factory=dict)
+    # (k_pre rows, positions rows, tokens) whose k_cache was compared against the inputs
+    apart_checked: set = field(default_factory=set)
 
 
 class StoreSettings(NamedTuple):
@@ -245,13 +247,17 @@ def _store_launch(plan: StorePlan, settings: StoreSettings) -> Launch:
 
 
 def run_store(plan: StorePlan, call: OpCall) -> None:
-    if not plan.by_tokens:
-        # k_cache against the inputs' memory until the plan has launched, not on every call:
-        # on the eager path that costs more than the call's budget (measured, BENCHMARKS.md).
-        # A plan is found again by the tensors' metadata, not their addresses.
+    num_tokens = call.kv_slot_mapping.shape[0]
+    token_shapes = (call.k_pre.shape[0], call.positions.shape[0], num_tokens)
+    if token_shapes not in plan.apart_checked:
+        # k_cache against the inputs' memory on the first call of each token shapes, not on
+        # every call: on the eager path that costs more than the call's budget (measured,
+        # BENCHMARKS.md). A plan is found again by the tensors' metadata, not their addresses.
         checks.check_apart(checks.output_extents(call, "k_cache", (
             "k_pre", "positions", "cos_sin_cache", "rms_norm_weight", "kv_slot_mapping")), call)
-    num_tokens = call.kv_slot_mapping.shape[0]
+        if len(plan.apart_checked) >= MAX_SIZES_KEPT:
+            plan.apart_checked.clear()
+        plan.apart_checked.add(token_shapes)
     if call.k_pre.shape[0] < num_tokens or call.positions.shape[0] < num_tokens:
         check_token_counts(call)  # raises, naming the short tensor
     if plan.check_bounds:
