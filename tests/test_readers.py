@@ -199,6 +199,24 @@ def test_huge_block_ids_are_out_of_range(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_by_blocks_errors_name_the_table_entry_before_allocating(backend):
+    """A bad block id is named as the table entry the sequence reads, the same on both
+    backends; lengths far past the table raise before any row is allocated (no multi-GB
+    output first); entries past a sequence's last block are never read, so never checked."""
+    case, cache, *_ = written_case("fp8", "row-major", num_tokens=8, block_size=16, num_blocks=3)
+    table = torch.tensor([[0, 1], [2, -1], [1, 7]], device=DEVICE)
+    cu = torch.tensor([0, 20, 30, 50], device=DEVICE)
+    with pytest.raises(IndexError, match=re.escape(
+            "block_table[2, 1] = 7 is outside the cache's blocks [0, 3)")):
+        ik.gather_indexer_k_by_blocks(cache, table, cu, False, backend=backend)
+    ik.gather_indexer_k_by_blocks(cache, table[:2], cu[:3].contiguous(), False, backend=backend)
+    huge = torch.tensor([0, 5, 2**31 - 1], device=DEVICE)
+    with pytest.raises(IndexError, match=re.escape(
+            f"block_table has 2 columns; sequence 1 of {2**31 - 6} tokens needs")):
+        ik.gather_indexer_k_by_blocks(cache, table[:2], huge, False, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_unchecked_out_of_range_rows_are_zero(backend):
     """Unchecked, a slot outside the cache reads as a row of zeros on both backends (and
     dequantizes to zeros); so do a sequence's tokens past its block table's columns."""

@@ -363,3 +363,12 @@ def test_compile_options_name_nvidia_only_options_only_on_nvidia():
     assert nvidia == {"enable_fp_fusion": False, "launch_pdl": True, "maxnreg": 80}
     assert set(nvidia) <= set(CUDAOptions.__dataclass_fields__)
     assert "maxnreg" not in ik.store.compile_options(True, False, 0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_mx_scales_has_no_effect_on_mxfp4(backend):
+    """MXFP4's scales are UE8M0 whatever ``mx_scales`` says (vLLM sets its MX flag only for
+    FP8): a caller passing one flag for every layer writes MXFP4 layers unchanged."""
+    case = make_case(9, use_fp4_cache=True, compress_ratio=2, block_size=16, num_blocks=2)
+    assert_same_bytes(run_store(case, backend, mx_scales=True),
+                      run_store(case, backend, mx_scales=False), "mx_scales True vs False")

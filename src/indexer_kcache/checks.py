@@ -133,7 +133,7 @@ def check_apart(extents: tuple[tuple[str, str, int], ...], call: OpCall) -> None
     for field, name, extent in inputs:
         first = getattr(call, field).data_ptr()
         if first < end and start < first + extent and out_extent and extent:
-            fail_value(out_name, f"memory apart from {name}'s", "tensors that overlap")
+            fail_value(out_name, f"memory apart from {name}", "tensors that overlap")
 
 
 def _check_scale_lanes(lanes: int, n: int, got: object) -> None:
@@ -288,6 +288,28 @@ def check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots
         first = int(bad[0, 0])
         raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
                          f"[0, {num_slots})")
+
+
+def check_sequence_blocks(block_table: torch.Tensor, lengths: torch.Tensor, block_size: int,
+                          num_blocks: int) -> None:
+    """IndexError naming the first sequence longer than its block table's row, or the first
+    ``block_table[b, j]`` a sequence reads that is not a block of the cache. ``lengths``: the
+    sequences' token counts, on the host. Table-size work, whatever the lengths say (the
+    slots are built only once the blocks are known good); synchronises."""
+    columns = block_table.shape[1]
+    blocks_read = -(-lengths // block_size)
+    too_long = (blocks_read > columns).nonzero()
+    if too_long.numel():
+        b = int(too_long[0, 0])
+        raise IndexError(f"block_table has {columns} columns; sequence {b} of "
+                         f"{int(lengths[b])} tokens needs {int(blocks_read[b])}")
+    read = (torch.arange(columns, device=block_table.device)
+            < blocks_read.to(block_table.device)[:, None])
+    bad = (read & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
+    if bad.numel():
+        b, j = (int(i) for i in bad[0])
+        raise IndexError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is outside the "
+                         f"cache's blocks [0, {num_blocks})")
 
 
 def nvidia_capability(device: torch.device) -> tuple[int, int] | None:

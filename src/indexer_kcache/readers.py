@@ -207,34 +207,35 @@ def run_dequantize(plan: ReaderPlan, call: OpCall) -> torch.Tensor:
     return keys
 
 
-def sequence_rows(cu_seq_lens: torch.Tensor) -> tuple[int, int]:
-    """(rows of the output, longest sequence) of ``cu_seq_lens``, checked: offsets from 0,
-    non-decreasing (else a ``ValueError``: rows would fall outside the output). One
-    synchronisation: the output's size depends on it."""
+def sequence_rows(cu_seq_lens: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(rows of the output, each sequence's length on the host) of ``cu_seq_lens``, checked:
+    offsets from 0, non-decreasing (else a ``ValueError``: rows would fall outside the
+    output). One synchronisation: the output's size depends on it."""
     cu = cu_seq_lens.long().cpu()
     lengths = cu[1:] - cu[:-1]
     if int(cu[0]) != 0 or (lengths.numel() and int(lengths.min()) < 0):
         shown = cu[:8].tolist()
         checks.fail_value("cu_seq_lens", "non-decreasing offsets starting at 0",
                           f"{shown}{' ...' if cu.numel() > 8 else ''}")
-    return int(cu[-1]), int(lengths.max()) if lengths.numel() else 0
+    return int(cu[-1]), lengths
 
 
 def run_gather_by_blocks(plan: ReaderPlan, call: OpCall) -> tuple[torch.Tensor, torch.Tensor]:
     check_sequence_counts(call)
     k_cache, block_table, cu_seq_lens = call.k_cache, call.block_table, call.cu_seq_lens
-    num_rows, max_len = sequence_rows(cu_seq_lens)
+    num_rows, lengths = sequence_rows(cu_seq_lens)
+    if plan.check_bounds:
+        # Before any row is allocated: the lengths may ask for more rows than the table holds.
+        checks.check_sequence_blocks(block_table, lengths, plan.block_size,
+                                     plan.num_slots // plan.block_size)
     if plan.backend == "reference":
         slots = reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size,
                                              check_bounds=plan.check_bounds)
         return reference.gather(k_cache, slots, plan.use_fp4_cache, plan.layout, *plan.tile,
                                 check_bounds=plan.check_bounds)
-    if plan.check_bounds and num_rows:
-        checks.check_slots_in_range(
-            reference.slots_of_sequences(block_table, cu_seq_lens, plan.block_size),
-            plan.num_slots, "slots of the sequences")
     values, scales = _new_outputs(plan, num_rows)
     if num_rows:
+        max_len = int(lengths.max())
         plan.launch(
             # Capped: a program takes every MAX_GRID_Y-th chunk of a longer sequence.
             (block_table.shape[0], min(-(-max_len // BLOCK_R), launcher.MAX_GRID_Y), 1),
