@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import indexer_kcache as ik
-from indexer_kcache import fast_path, layout
+from indexer_kcache import compat, fast_path, layout
 
 from .cases import DEVICE, make_case, pages
 
@@ -262,6 +262,20 @@ def test_strided_vector_rejected_after_a_one_element_call_with_that_stride():
         torch.zeros(1, 64, 132, dtype=torch.uint8), torch.ones(1, 4),
         torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), 64),
         TypeError, "as a pair", id="scorer-bare-e4m3-query"),
+    pytest.param(lambda: ik.paged_mqa_logits(
+        torch.zeros(1, 1, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 64, 132, dtype=torch.uint8),
+        torch.ones(1, 4, dtype=torch.float16), torch.ones(1, dtype=torch.int32),
+        torch.zeros(1, 1, dtype=torch.int32), 2**45),
+        ValueError, r"max_model_len: expected <= 2147483647, got 35184372088832",
+        id="scorer-width-past-int32-before-allocating"),
+    pytest.param(lambda: compat.fp8_fp4_paged_mqa_logits(
+        (torch.zeros(1, 1, 4, 128, dtype=torch.float8_e4m3fn), None),
+        torch.zeros(1, 64, 1, 132, dtype=torch.uint8), torch.ones(1, 4),
+        torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), None, 2**62),
+        ValueError, r"max_model_len: expected <= 2147483647",
+        id="deepgemm-width-past-int32-before-allocating"),
+    pytest.param(lambda: ik.top_k_indices(torch.randn(4, 64), 2**44), ValueError,
+                 r"k: expected <= 2147483647, got 17592186044416", id="topk-k-past-int32"),
     pytest.param(lambda: ik.top_k_indices(torch.randn(4, 64).to_sparse_csr(), 3), TypeError,
                  "logits: expected a dense", id="topk-sparse-csr-logits",
                  marks=pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")),

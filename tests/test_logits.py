@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 import indexer_kcache as ik
+import indexer_kcache.logits as logits_module
 from indexer_kcache import compat
 from indexer_kcache.kernels import INTERPRETED
 from indexer_kcache.kernels.logits import (
@@ -670,6 +671,41 @@ def test_cache_without_blocks(fmt, variant):
     else:
         got = run_native(call, options, VARIANTS[variant])
     assert torch.isneginf(got).all()
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_splits_past_the_grid_limit_make_longer_programs(fmt, monkeypatch):
+    """More splits than the grid's second dimension holds (CUDA's 65535, lowered here to 2):
+    each program takes more tiles, and the logits stay the same."""
+    monkeypatch.setattr(logits_module, "MAX_GRID_Y", 2)
+    grids = []
+    split_columns = logits_module.split_columns
+    monkeypatch.setattr(logits_module, "split_columns",
+                        lambda *args: grids.append(split_columns(*args)) or grids[-1])
+    call, options = make_call(fmt, "row-major", "e4m3", next_n=2, block_size=64, max_blocks=5,
+                              num_blocks=12, seed=17)
+    got = run_native(call, options, VARIANT_STACKED, splits=64)
+    assert grids and all(splits == 2 for splits, _, _ in grids)
+    want, bound = expected(call, options)
+    assert_close(got, want, bound)
+
+
+@pytest.mark.skipif(INTERPRETED or DEVICE == "cpu", reason="the grid limit is CUDA's")
+def test_columns_past_the_grid_limit_on_the_gpu():
+    """2**26 columns: more 64-key tiles than a grid's second dimension takes at one tile a
+    program; the launch spreads them (was: CUDA 'invalid argument')."""
+    call, options = make_call("fp8", "row-major", "e4m3", batch=2, heads=64, seed=19)
+    block_size = call["k_cache"].shape[1]
+    width = 2**26
+    table = call["block_table"]
+    unused = torch.full((2, width // block_size - table.shape[1]), -1, dtype=table.dtype,
+                        device=table.device)
+    wide = call | dict(block_table=torch.cat([table, unused], dim=1), max_model_len=width)
+    got = paged_mqa_logits(**wide, **options)
+    narrow = call["max_model_len"]
+    want, bound = expected(call, options)
+    assert_close(got[:, :narrow].contiguous(), want, bound)
+    assert torch.isneginf(got[:, narrow:]).all()
 
 
 def test_max_model_len_narrower_than_the_table():

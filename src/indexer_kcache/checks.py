@@ -22,6 +22,8 @@ from .kernels import INTERPRETED, dependent_launch
 OpCall = Any
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+# Columns of logits and top-k results are int32 in the kernels (and in top-k's output).
+MAX_COLUMNS = 2**31 - 1
 BACKENDS = (None, "triton", "reference")
 
 
@@ -172,8 +174,9 @@ def check_real(name: str, value: object, allow_none: bool = False) -> None:
 
 
 def check_int(name: str, value: object, allow_none: bool = False,
-              at_least: int | None = None) -> None:
-    """An int (not a bool), or None where allowed; ``>= at_least`` when given."""
+              at_least: int | None = None, at_most: int | None = None) -> None:
+    """An int (not a bool), or None where allowed; ``>= at_least`` and ``<= at_most`` when
+    given."""
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool):
@@ -182,6 +185,8 @@ def check_int(name: str, value: object, allow_none: bool = False,
         fail_value(name, "an int64", value)
     if at_least is not None and value < at_least:
         fail_value(name, f">= {at_least}", value)
+    if at_most is not None and value > at_most:
+        fail_value(name, f"<= {at_most}", value)
 
 
 def resolve_layout(use_fp4_cache: bool, shuffle: bool | None, block_size: int,

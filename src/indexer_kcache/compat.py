@@ -131,7 +131,8 @@ def fp8_fp4_paged_mqa_logits(
     rows = _result_rows(q, weights)
     out = None
     if rows is not None:  # else paged_mqa_logits names what is wrong
-        checks.check_int("max_model_len", max_model_len, at_least=0)
+        checks.check_int("max_model_len", max_model_len, at_least=0,
+                         at_most=checks.MAX_COLUMNS)
         out = _padded_rows(rows, max_model_len, torch.float32, weights.device)
     try:
         logits = paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,

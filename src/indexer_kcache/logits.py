@@ -34,7 +34,7 @@ from .kernels.logits import (
     paged_mqa_logits_kernel,
     row_slots,
 )
-from .launcher import Kernel, Launch, declare_op, tunable
+from .launcher import MAX_GRID_Y, Kernel, Launch, declare_op, tunable
 from .reference import logits as reference_logits
 from .util import next_power_of_2
 
@@ -251,6 +251,9 @@ def check_logits(call: OpCall) -> LogitsPlan:
     if out.dim() != 2 or out.shape[0] != batch * next_n:
         fail_value("out", f"shape [B * next_n, max_model_len] with B * next_n = {batch * next_n}",
                    f"shape {tuple(out.shape)}")
+    if out.shape[1] > checks.MAX_COLUMNS:
+        fail_value("out", f"at most {checks.MAX_COLUMNS} columns (max_model_len)",
+                   f"shape {tuple(out.shape)}")
     _check_last_dim_unit_stride("out", out)
     checks.check_rows_apart("out", out, "max_model_len")
     max_model_len = out.shape[1]
@@ -415,7 +418,8 @@ def split_columns(plan: LogitsPlan, settings: LogitsSettings) -> tuple[int, int,
     past ``num_cols``."""
     block_n = settings.block_n
     tiles = -(-plan.num_cols // block_n)
-    per_split = max(-(-tiles // settings.splits), 1)
+    # Past CUDA's limit on the grid's second dimension, longer programs instead of more.
+    per_split = max(-(-tiles // min(settings.splits, MAX_GRID_Y)), 1)
     splits = max(-(-tiles // per_split), 1)
     tail_chunk = -(-(plan.max_model_len - plan.num_cols) // splits)
     return splits, per_split * block_n, tail_chunk
@@ -582,7 +586,7 @@ def paged_mqa_logits(
         float32 ``[B * next_n, max_model_len]`` (``out`` when given).
     """
     values, scales = split_query(q)
-    checks.check_int("max_model_len", max_model_len, at_least=0)
+    checks.check_int("max_model_len", max_model_len, at_least=0, at_most=checks.MAX_COLUMNS)
     rows = values.shape[0] * values.shape[1] if values.dim() == 4 else -1
     if rows < 0:
         _query_form(values, scales)  # names the bad shape

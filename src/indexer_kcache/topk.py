@@ -194,7 +194,7 @@ def expected_candidates(cols: int, k: int, sample: int) -> int:
 
 
 def check_k(k: object) -> None:
-    checks.check_int("k", k, at_least=1)
+    checks.check_int("k", k, at_least=1, at_most=checks.MAX_COLUMNS)
 
 
 def check_topk(call: OpCall) -> TopKPlan:
