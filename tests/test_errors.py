@@ -274,6 +274,12 @@ def test_strided_vector_rejected_after_a_one_element_call_with_that_stride():
         torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), None, 2**62),
         ValueError, r"max_model_len: expected <= 2147483647",
         id="deepgemm-width-past-int32-before-allocating"),
+    pytest.param(lambda: compat.fp8_fp4_paged_mqa_logits(
+        torch.zeros(1, 1, 4, 64, dtype=torch.int8), torch.zeros(1, 64, 1, 68, dtype=torch.uint8),
+        torch.ones(1, 4), torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+        None, 64),
+        ValueError, r"q\[1\]: expected int32 scales .* \(MXFP4 values need them\)",
+        id="deepgemm-bare-int8-fp4-query"),
     pytest.param(lambda: ik.top_k_indices(torch.randn(4, 64), 2**44), ValueError,
                  r"k: expected <= 2147483647, got 17592186044416", id="topk-k-past-int32"),
     pytest.param(lambda: ik.top_k_indices(torch.randn(4, 64).to_sparse_csr(), 3), TypeError,

@@ -67,16 +67,21 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int,
                        device=context_lens.device)
 
 
+def _packed_as_uint8(values: object) -> object:
+    """DeepGEMM's packed-FP4 dtype, int8, as the same bytes in ours (uint8)."""
+    if isinstance(values, torch.Tensor) and values.dtype == torch.int8:
+        return values.view(torch.uint8)
+    return values
+
+
 def _deepgemm_query(q: object) -> tuple[object, bool]:
     """(``q`` as ``paged_mqa_logits`` takes it, whether an FP8 cache has MX scales)."""
     if isinstance(q, torch.Tensor):
         # DeepGEMM reads a bare tensor as (q, None); a bf16 one is ours to score as is.
-        return (q if q.dtype == torch.bfloat16 else (q, None)), False
+        return (q if q.dtype == torch.bfloat16 else (_packed_as_uint8(q), None)), False
     if isinstance(q, (tuple, list)) and len(q) == 2:
         values, scales = q
-        if isinstance(values, torch.Tensor) and values.dtype == torch.int8:
-            values = values.view(torch.uint8)  # DeepGEMM's packed-FP4 dtype, the same bytes
-        return (values, scales), scales is not None
+        return (_packed_as_uint8(values), scales), scales is not None
     return q, False  # paged_mqa_logits names what is wrong with it
 
 
