@@ -286,12 +286,12 @@ def check_store_bounds(positions: torch.Tensor, max_pos: int, num_slots: int,
         )
 
 
-def check_slots_in_range(slots: torch.Tensor, num_slots: int, what: str = "slots") -> None:
+def check_slots_in_range(slots: torch.Tensor, num_slots: int) -> None:
     """IndexError naming the first slot outside ``[0, num_slots)`` (synchronises)."""
     bad = ((slots < 0) | (slots >= num_slots)).nonzero()
     if bad.numel():
         first = int(bad[0, 0])
-        raise IndexError(f"{what}[{first}] = {int(slots[first])} is outside the cache's slots "
+        raise IndexError(f"slots[{first}] = {int(slots[first])} is outside the cache's slots "
                          f"[0, {num_slots})")
 
 
