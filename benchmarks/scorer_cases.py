@@ -1,7 +1,8 @@
 """The scorer at a few of the bench's shapes, for A/B runs of two revisions on one host
 (run it once per revision's package, e.g. with ``PYTHONPATH`` set to the other's ``src``):
 
-    python benchmarks/scorer_cases.py [--set bf16-decode | program-fold] [--copy-GBps 4250]
+    python benchmarks/scorer_cases.py [--set bf16-decode | program-fold | store-in-place]
+        [--copy-GBps 4250]
 
 Each shape is checked against the contract's bound (``mismatches``), then timed as the
 bench times it (CUDA-graph replay over calls that rotate over more keys than the L2 holds).
@@ -23,7 +24,13 @@ PROGRAM_FOLD = [("mxfp4", "e4m3", b, ctx, n) for b, ctx, n in (
     (1, 4096, 1), (1, 131072, 1), (8, 32768, 1), (64, 8192, 1), (64, 32768, 1), (128, 65536, 1),
     (64, 8192, 4))] + [("mxfp4", "mxfp4", b, ctx, 1) for b, ctx in (
         (1, 4096), (8, 32768), (64, 32768), (128, 65536))] + [("mxfp4", "bf16", 64, 32768, 1)]
-SETS = {"bf16-decode": BF16_DECODE, "program-fold": PROGRAM_FOLD}
+# The stacked form's logits stored from the dot's layout: the shapes whose programs wait on
+# their chain of tiles (few long rows) and two of each key format, one row a program.
+STORE_IN_PLACE = [("fp8", "e4m3", b, ctx, 1) for b, ctx in (
+    (1, 131072), (8, 32768), (64, 8192), (64, 32768))] + [
+        ("mxfp4", "e4m3", 64, 8192, 1), ("mxfp4", "e4m3", 64, 32768, 1)]
+SETS = {"bf16-decode": BF16_DECODE, "program-fold": PROGRAM_FOLD,
+        "store-in-place": STORE_IN_PLACE}
 
 
 def main() -> None:

@@ -79,9 +79,10 @@ _E4M3_NAN_WORD: tl.constexpr = tl.constexpr(0x7F7F7F7F)
 # Against bf16 queries MXFP4 keys decode straight to bf16, E2M1 times 2**(6 + e_g - max e):
 # exact while 0.5 times that is a normal bf16 (>= 2**-126), i.e. e_g - max e >= -131.
 BF16_FOLD_SPAN: tl.constexpr = tl.constexpr(132)
-# The native path decodes MXFP4 keys with inline PTX; under the CPU interpreter (which runs
-# no PTX) the same bytes come from integer operations, so that tests can run that path.
-_PTX_DECODE: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+# The native path decodes MXFP4 keys and stores the stacked form's logits with inline PTX;
+# under the CPU interpreter (which runs no PTX) the same bytes come from integer operations
+# and the logits from ``tl.store``, so that tests can run that path.
+_PTX: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 # Both nibbles of four packed bytes at once, as e4m3 bytes: ``$0`` gets the low nibbles
 # (elements 2b), ``$1`` the high ones (2b + 1). ``v`` holds a code's magnitude in bits
@@ -131,7 +132,7 @@ def _decode_mxfp4_group(packed):
     """uint8 ``[N, 16]`` packed E2M1 pairs (one 32-dim group of N keys) -> uint8 ``[N, 32]``
     e4m3 bytes (values times 2**-6) in ``_mxfp4_group_order``. NVIDIA only (inline PTX)."""
     N: tl.constexpr = packed.shape[0]
-    if _PTX_DECODE:
+    if _PTX:
         low, high = tl.inline_asm_elementwise(
             _E2M1_TO_E4M3_PTX, "=r,=r,r", [packed], dtype=(tl.uint8, tl.uint8), is_pure=True,
             pack=4)
@@ -453,7 +454,7 @@ def _key_operand_v1(codes, Q_FORM: tl.constexpr):
     a pair, then ``_F16_TO_BF16_PTX``)."""
     x = codes.to(tl.float8e4nv, bitcast=True)
     if Q_FORM == 0:
-        if _PTX_DECODE:
+        if _PTX:
             x = tl.inline_asm_elementwise(_F16_TO_BF16_PTX, "=r,r", [x.to(tl.float16)],
                                           dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
@@ -643,7 +644,7 @@ lop3.b32 $1, b, s1, 0x80808080, 0xF8;
 def _fp4_word(word, t_lo, t_hi):
     """``_FP4_WORD_PTX`` on int32 tensors (elementwise); integer operations under the
     interpreter."""
-    if _PTX_DECODE:
+    if _PTX:
         low, high = tl.inline_asm_elementwise(
             _FP4_WORD_PTX, "=r,=r,r,r,r", [word, t_lo, t_hi], dtype=(tl.int32, tl.int32),
             is_pure=True, pack=1)
@@ -717,7 +718,7 @@ def _bf16_tables(x):
     """``_BF16_TABLES_PTX`` for int32 ``x`` (elementwise): (high bytes 0-3, 4-7, low bytes
     0-3, 4-7); integer operations under the interpreter."""
     step = x << 7
-    if _PTX_DECODE:
+    if _PTX:
         h_lo, h_hi, l_lo, l_hi = tl.inline_asm_elementwise(
             _BF16_TABLES_PTX, "=r,=r,=r,=r,r", [step], dtype=(tl.int32,) * 4, is_pure=True,
             pack=1)
@@ -747,7 +748,7 @@ def _bf16_tables(x):
 def _fp4_word_bf16(word, h_lo, h_hi, l_lo, l_hi):
     """``_FP4_BF16_PTX`` on int32 tensors (elementwise); integer operations under the
     interpreter."""
-    if _PTX_DECODE:
+    if _PTX:
         r0, r1, r2, r3 = tl.inline_asm_elementwise(
             _FP4_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [word, h_lo, h_hi, l_lo, l_hi],
             dtype=(tl.int32,) * 4, is_pure=True, pack=1)
@@ -1178,7 +1179,7 @@ def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
             # 2**(ref - 127), ref in [1, 254]: a normal float32.
             key_factor = (tl.full([BLOCK_N], 0, tl.int32) + (ref << 23)).to(tl.float32,
                                                                            bitcast=True)
-            if not _PTX_DECODE:
+            if not _PTX:
                 # The interpreter reads e4m3 NaN bytes as numbers: the same NaN, by hand.
                 outside = tl.max(tl.where(exact, 0, 1), axis=1)
                 key_factor = tl.where(outside != 0, float("nan"), key_factor)
@@ -1227,8 +1228,34 @@ def _store_rows(out_ptr, out_sr, row_base, t, col_hi, scores, readable, limit, v
     if not CLEAN:
         mask = mask & seen
     rows = row_base + tl.arange(0, RP)
-    tl.store(out_ptr + rows[None, :] * out_sr + t[:, None], value, mask=mask)
+    pointers = out_ptr + rows[None, :] * out_sr + t[:, None]
+    if _PTX and RP == 1:
+        _store_in_place(pointers, value, mask)
+    else:  # (several rows: more stores a thread in place, measured slower)
+        tl.store(pointers, value, mask=mask)
     return value
+
+
+# A predicated store of one float32 ($2 to address $1 where $3 is not 0); $0 is a dummy.
+_STORE_PTX: tl.constexpr = tl.constexpr("""
+{
+.reg .pred p;
+setp.ne.b32 p, $3, 0;
+@p st.global.b32 [$1], $2;
+mov.b32 $0, 0;
+}
+""")
+
+
+@triton.jit
+def _store_in_place(pointers, value, mask):
+    """``tl.store(pointers, value, mask=mask)`` for float32 ``value`` in the layout it has.
+    ``tl.store`` would first move a tile's logits into a layout of contiguous positions a
+    thread, through shared memory and a barrier of the program's warps; the dot's layout
+    (a thread holds two keys' head sums, as do the other three threads of its quad) stores
+    them where they are, four threads writing each value (the same bytes, one sector)."""
+    tl.inline_asm_elementwise(_STORE_PTX, "=r,l,r,r", [pointers.to(tl.int64), value,
+                              mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
