@@ -41,8 +41,6 @@ block id is outside ``[0, num_blocks)`` score ``-inf`` (block 0, or nothing, is 
 their place). Nothing outside the tensors is read or written; offsets are int64.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -79,10 +77,11 @@ _E4M3_NAN_WORD: tl.constexpr = tl.constexpr(0x7F7F7F7F)
 # Against bf16 queries MXFP4 keys decode straight to bf16, E2M1 times 2**(6 + e_g - max e):
 # exact while 0.5 times that is a normal bf16 (>= 2**-126), i.e. e_g - max e >= -131.
 BF16_FOLD_SPAN: tl.constexpr = tl.constexpr(132)
-# The native path decodes MXFP4 keys and stores the stacked form's logits with inline PTX;
-# under the CPU interpreter (which runs no PTX) the same bytes come from integer operations
-# and the logits from ``tl.store``, so that tests can run that path.
-_PTX: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+# The native path decodes MXFP4 keys, and its one-row programs store their logits, with
+# inline PTX; under the CPU interpreter (which runs no PTX) the same bytes come from integer
+# operations and the logits from ``tl.store``, so that tests can run that path. (Triton's
+# own reading of TRITON_INTERPRET: "true", "yes" and "on" count too.)
+_PTX: tl.constexpr = tl.constexpr(not triton.knobs.runtime.interpret)
 
 # Both nibbles of four packed bytes at once, as e4m3 bytes: ``$0`` gets the low nibbles
 # (elements 2b), ``$1`` the high ones (2b + 1). ``v`` holds a code's magnitude in bits
@@ -1250,10 +1249,11 @@ mov.b32 $0, 0;
 @triton.jit
 def _store_in_place(pointers, value, mask):
     """``tl.store(pointers, value, mask=mask)`` for float32 ``value`` in the layout it has.
-    ``tl.store`` would first move a tile's logits into a layout of contiguous positions a
-    thread, through shared memory and a barrier of the program's warps; the dot's layout
-    (a thread holds two keys' head sums, as do the other three threads of its quad) stores
-    them where they are, four threads writing each value (the same bytes, one sector)."""
+    ``tl.store`` would first move a tile's logits into a layout of one position a thread,
+    through shared memory and a barrier of the program's warps; stored where the head sum
+    leaves them (on sm_90 a thread holds two keys' sums, as do the other three threads of
+    its quad), each value is written by every thread that holds it: the same bits (the
+    sum's butterfly gives them all the same value), one sector a warp's store."""
     tl.inline_asm_elementwise(_STORE_PTX, "=r,l,r,r", [pointers.to(tl.int64), value,
                               mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
