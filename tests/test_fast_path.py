@@ -272,6 +272,23 @@ def test_generated_names_are_checked_and_a_launch_may_take_only_the_grid():
     assert x.eq(5).all()
 
 
+def test_every_launch_names_its_multiply_add_fusion():
+    """Triton 3.9 warns when a compile leaves fused multiply-adds to its default, which 3.10
+    turns off: every launch names it, on unless the op's options turn it off (the store's
+    do, for the reference's rounding)."""
+    import triton
+
+    @triton.jit
+    def noop(x_ptr):
+        pass
+
+    launch = launcher.Kernel(noop).launch(torch.device("cpu"), num_warps=1)
+    assert launch.state.launch_options["enable_fp_fusion"] is True
+    launch = launcher.Kernel(noop).launch(torch.device("cpu"), num_warps=1,
+                                          options=ik.store.compile_options(True, True, 80))
+    assert launch.state.launch_options["enable_fp_fusion"] is False
+
+
 def test_a_tunable_setting_is_overridden_only_inside_the_block():
     fixed = ik.store.StoreSettings(4, 1, False, 0)
     before = ik.store.store_settings(100, 1, False, False)

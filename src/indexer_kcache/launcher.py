@@ -392,7 +392,10 @@ class KernelLaunch:
                  num_stages: int | None = None, options: dict | None = None, **fixed) -> None:
         self.kernel = kernel
         self.device_index = device.index if device.type == "cuda" else None
-        self.launch_options = dict(num_warps=num_warps, **(options or {}))
+        # Fused multiply-adds unless the options say otherwise (the store's, for the
+        # reference's rounding): Triton's default through 3.9, named so that it holds on
+        # every version (3.9 warns when it is left to the default, which 3.10 turns off).
+        self.launch_options = {"num_warps": num_warps, "enable_fp_fusion": True, **(options or {})}
         if num_stages is not None:
             self.launch_options["num_stages"] = num_stages
         unknown = set(fixed) - set(kernel.names)
