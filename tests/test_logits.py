@@ -412,8 +412,6 @@ def test_relu_by_abs_gives_the_same_logits(fmt, q_form, scales):
 def test_dependent_launch_mode_reaches_the_launch(monkeypatch, mode):
     """Where the GPU has dependent launch, the kernel gets the mode as USE_PDL and the
     launch option with it (built, not run, here); elsewhere neither."""
-    from indexer_kcache import logits as logits_module
-
     call, options = make_call("fp8", "row-major", "e4m3", seed=2)
     plan = check_logits(op_call(call, options))
     settings = logits_module.settings_for(plan)._replace(pdl=mode)
@@ -877,8 +875,6 @@ def test_settings_are_deterministic_and_split_long_rows():
 def test_settings_pipeline_and_size_programs():
     """FP8 tile loops pipeline deeper; one FP8 row a program takes longer programs only
     while all of them stay within PROGRAMS_PER_SM an SM, else at most MAX_TILES tiles."""
-    from indexer_kcache import logits as logits_module
-
     sms = 132
     wanted = logits_module.PROGRAMS_PER_SM * sms
     for batch, cols in [(1, 131072), (8, 32768), (64, 8192), (64, 32768), (128, 65536),
@@ -905,8 +901,6 @@ def test_settings_dependent_launch_by_program_count(fp4):
     """Released at once while the programs fit on the SMs, as they exit while they fit
     PROGRAMS_PER_SM an SM, plain launches beyond; relu by |x| for MXFP4 keys only; L2
     hints in launches released at once, with e4m3 queries."""
-    from indexer_kcache import logits as logits_module
-
     sms = 132
     wanted = logits_module.PROGRAMS_PER_SM * sms
     seen = set()
