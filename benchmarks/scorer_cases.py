@@ -1,7 +1,7 @@
 """The scorer at a few of the bench's shapes, for A/B runs of two revisions on one host
 (run it once per revision's package, e.g. with ``PYTHONPATH`` set to the other's ``src``):
 
-    python benchmarks/scorer_cases.py [--set bf16-decode | program-fold | store-in-place]
+    python benchmarks/scorer_cases.py [--set bf16-decode | program-fold | store-in-place | tile-bounds]
         [--copy-GBps 4250]
 
 Each shape is checked against the contract's bound (``mismatches``), then timed as the
@@ -29,8 +29,14 @@ PROGRAM_FOLD = [("mxfp4", "e4m3", b, ctx, n) for b, ctx, n in (
 STORE_IN_PLACE = [("fp8", "e4m3", b, ctx, 1) for b, ctx in (
     (1, 131072), (8, 32768), (64, 8192), (64, 32768))] + [
         ("mxfp4", "e4m3", 64, 8192, 1), ("mxfp4", "e4m3", 64, 32768, 1)]
+# The tile's two output masks each folded into one bound (and the NaN watch one max a
+# value): both key formats, one and four rows a program, MXFP4 queries.
+TILE_BOUNDS = [("fp8", "e4m3", b, ctx, n) for b, ctx, n in (
+    (1, 131072, 1), (8, 32768, 1), (64, 8192, 1), (64, 32768, 1), (64, 8192, 4))] + [
+        ("mxfp4", "e4m3", b, ctx, 1) for b, ctx in ((8, 32768), (64, 8192), (64, 32768))] + [
+        ("mxfp4", "mxfp4", 64, 32768, 1)]
 SETS = {"bf16-decode": BF16_DECODE, "program-fold": PROGRAM_FOLD,
-        "store-in-place": STORE_IN_PLACE}
+        "store-in-place": STORE_IN_PLACE, "tile-bounds": TILE_BOUNDS}
 
 
 def main() -> None:

@@ -985,7 +985,9 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
              SCALE_LANES: tl.constexpr,
              BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_WORDS: tl.constexpr,
              WARPS: tl.constexpr, HAS_BLOCKS: tl.constexpr):
-    """The keys of positions ``t0 ..``, as (positions t [BLOCK_N], readable [BLOCK_N], ...):
+    """The keys of positions ``t0 ..``, as (positions t [BLOCK_N], read_hi [BLOCK_N], ...),
+    position ``t[j]`` readable where ``t[j] < read_hi[j]`` (one bound for the tile when it
+    lies in one block, which the store's compare then folds with the row's limit):
     FP8: (..., key scale [BLOCK_N], codes uint8 [BLOCK_N, 128]); MXFP4: (..., the four
     group exponents as int32 [BLOCK_N], words int32 [BLOCK_N, 4, 4]), rows in ``_dot_row``
     order."""
@@ -1004,7 +1006,7 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
         block = tl.load(table_row + t0 // BLOCK_SIZE).to(tl.int64)
         ok = (block >= 0) & (block < num_blocks)
         page = cache_ptr + tl.where(ok, block, 0) * page_stride
-        readable = t < tl.where(ok, hi, 0)
+        read_hi = tl.full([BLOCK_N], 0, tl.int32) + tl.where(ok, hi, 0)
         if BLOCK_SIZE == BLOCK_N:  # t0 is a multiple of BLOCK_N: offsets fixed per thread
             p0 = 0
         else:
@@ -1039,6 +1041,7 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
         key_mask = readable
         rows_page = key_page[:, None]
         rows_mask = readable[:, None]
+        read_hi = tl.where(readable, hi, 0)  # readable implies t < hi
     if USE_FP4:
         # The four exponent bytes of each key: one int32 where the pages allow.
         if SCALE_WORDS and LAYOUT != 2:
@@ -1053,7 +1056,7 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
                                                          D_PER_TILE, SCALE_LANES),
                              mask=rows_mask, other=0)
             word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
-        return t, readable, word, _fp4_words(_to_dot_rows(values, BLOCK_N, WARPS, 64), BLOCK_N)
+        return t, read_hi, word, _fp4_words(_to_dot_rows(values, BLOCK_N, WARPS, 64), BLOCK_N)
     else:
         first = scale_offset_tl(p, 0, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES)
         if MX_SCALES:  # four equal UE8M0 bytes
@@ -1066,7 +1069,7 @@ def _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4: tl.
             bytes4 = tl.load(rows_page + first[:, None] + i4, mask=rows_mask, other=0)
             word = tl.sum(bytes4.to(tl.int32) << (8 * i4), axis=1)
             key_scale = word.to(tl.float32, bitcast=True)
-        return t, readable, key_scale, values
+        return t, read_hi, key_scale, values
 
 
 @triton.jit
@@ -1159,7 +1162,7 @@ def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
     group with ``GROUPED_Q``."""
     RH: tl.constexpr = RP * HP
     if USE_FP4:
-        t, readable, word, words = tile
+        t, read_hi, word, words = tile
         if GROUPED:
             emax, _ = _byte_max_min(word)
             key_factor = ue8m0_to_float(emax)  # NaN for a byte 255
@@ -1198,7 +1201,7 @@ def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
                                           Q_FORM)
             acc = tl.dot(operand, q_op, out_dtype=tl.float32)
     else:
-        t, readable, key_factor, codes = tile
+        t, read_hi, key_factor, codes = tile
         if GROUPED_Q:
             acc = _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM, BLOCK_N, RH)
         else:
@@ -1217,15 +1220,19 @@ def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
 
 
 @triton.jit
-def _store_rows(out_ptr, out_sr, row_base, t, col_hi, scores, readable, limit, valid,
+def _store_rows(out_ptr, out_sr, row_base, t, col_hi, scores, read_hi, limit, valid,
                 CLEAN: tl.constexpr, RP: tl.constexpr):
-    """``_store_row`` for the program's rows at once: ``scores`` [BLOCK_N, RP]. Returns the
-    values (``-inf`` where nothing is seen)."""
-    seen = t[:, None] < limit[None, :]
-    value = tl.where(seen & readable[:, None], scores, float("-inf"))
-    mask = t[:, None] < tl.where(valid, col_hi, 0)[None, :]
-    if not CLEAN:
-        mask = mask & seen
+    """``_store_row`` for the program's rows at once: ``scores`` [BLOCK_N, RP], position
+    ``t[j]`` readable below ``read_hi[j]``. Returns the values (``-inf`` where nothing is
+    seen)."""
+    # One compare a value for each of the two masks: the bounds are folded first (limit
+    # is 0 for a row that is not valid).
+    seen_hi = tl.minimum(read_hi[:, None], limit[None, :])
+    value = tl.where(t[:, None] < seen_hi, scores, float("-inf"))
+    if CLEAN:
+        mask = t[:, None] < tl.where(valid, col_hi, 0)[None, :]
+    else:
+        mask = t[:, None] < tl.minimum(col_hi, limit)[None, :]
     rows = row_base + tl.arange(0, RP)
     pointers = out_ptr + rows[None, :] * out_sr + t[:, None]
     if _PTX and RP == 1:
@@ -1271,7 +1278,9 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
     """The tile loop of the stacked form over positions ``[col_lo, hi)``. MXFP4 keys, not
     ``GROUPED``: returns 1.0 when some logit written was NaN (a key the fold cannot score
     exactly, or a poisoned one), else 0.0; otherwise 0.0."""
-    nan_seen = tl.zeros([BLOCK_N, RP], dtype=tl.float32)
+    # NaN once any logit written was NaN: one max a value (a NaN-propagating max), tested
+    # after the loop.
+    nan_seen = tl.full([BLOCK_N, RP], float("-inf"), dtype=tl.float32)
     for t0 in tl.range(col_lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         tile = _tile_v1(cache_ptr, page_stride, num_blocks, table_row, t0, hi, USE_FP4,
                         MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
@@ -1281,8 +1290,8 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
         value = _store_rows(out_ptr, out_sr, row_base, tile[0], col_hi, scores, tile[1], limit,
                             valid, CLEAN, RP)
         if USE_FP4 and not GROUPED:
-            nan_seen = tl.maximum(nan_seen, tl.where(value != value, 1.0, 0.0))
-    return tl.max(tl.max(nan_seen, axis=1), axis=0)
+            nan_seen = tl.maximum(nan_seen, value, propagate_nan=tl.PropagateNan.ALL)
+    return tl.max(tl.max(tl.where(nan_seen != nan_seen, 1.0, 0.0), axis=1), axis=0)
 
 
 @triton.jit
