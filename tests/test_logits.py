@@ -712,6 +712,20 @@ def test_max_model_len_narrower_than_the_table():
 
 
 # ------------------------------------------------------------------- options and forms
+def seen_columns(call: dict) -> torch.Tensor:
+    """bool [rows, max_model_len]: the columns each query row sees (below its limit)."""
+    rows, width = call["weights"].shape[0], call["max_model_len"]
+    seen = torch.zeros(rows, width, dtype=torch.bool)
+    lens = call["context_lens"].long().cpu()
+    next_n = split_query(call["q"])[0].shape[1]
+    cols = min(width, call["block_table"].shape[1] * call["k_cache"].shape[1])
+    for r in range(rows):
+        b, i = divmod(r, next_n)
+        limit = max(0, min(int(lens[b]) - next_n + i + 1, cols))
+        seen[r, :limit] = True
+    return seen
+
+
 def test_unclean_logits_leave_the_other_columns_untouched():
     call, options = make_call("fp8", "tiled", "e4m3-mx", next_n=2, seed=2)
     rows, width = call["weights"].shape[0], call["max_model_len"]
@@ -719,16 +733,26 @@ def test_unclean_logits_leave_the_other_columns_untouched():
     got = paged_mqa_logits(**call, **options, clean_logits=False, out=out)
     assert got is out
     want, bound = expected(call, options)
-    seen = torch.zeros(rows, width, dtype=torch.bool)
-    lens = call["context_lens"].long().cpu()
-    next_n = call["q"][0].shape[1]
-    cols = min(width, call["block_table"].shape[1] * call["k_cache"].shape[1])
-    for r in range(rows):
-        b, i = divmod(r, next_n)
-        limit = max(0, min(int(lens[b]) - next_n + i + 1, cols))
-        seen[r, :limit] = True
+    seen = seen_columns(call)
     assert (got.cpu()[~seen] == 12345.0).all()
     assert_close(torch.where(seen.to(got.device), got, float("-inf")), want, bound)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU the native path is the one tested above")
+@pytest.mark.parametrize("fmt, layout_name", [("fp8", "tiled"), ("fp8", "row-major"),
+                                              ("mxfp4", "preshuffle64"), ("mxfp4", "row-major")],
+                         ids=["fp8-block64", "fp8-block16", "mxfp4-block64", "mxfp4-block16"])
+def test_stacked_tiles_write_only_seen_columns_when_unclean(fmt, layout_name):
+    """The stacked form's tile store, with its bounds folded (a block's readable bound with
+    each row's limit; the store's limit with ``col_hi``), for tiles in one block and tiles
+    across blocks, two rows a program, out-of-range block ids: the seen columns hold the
+    logits (``-inf`` past a bad block id), every other column keeps what ``out`` held."""
+    call, options = make_call(fmt, layout_name, "e4m3", next_n=2, seed=23)
+    got = run_native(call, dict(options, clean_logits=False), VARIANT_STACKED).cpu()
+    want, bound = expected(call, options)
+    seen = seen_columns(call)
+    assert (got[~seen] == 7.0).all()  # op_call's fill
+    assert_close(torch.where(seen, got, float("-inf")), want, bound)
 
 
 def test_out_is_written_in_place():
