@@ -693,6 +693,65 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
+_ONE_WARP_SCRIPT = textwrap.dedent("""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from indexer_kcache.kernels import indexer_k_store_kernel
+
+    store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
+                 cos_sin_ptr="*fp32", cos_sin_row_stride="i32", max_pos="i32",
+                 weight_ptr="*bf16", eps="fp32", cache_ptr="*u8", page_stride="i32",
+                 num_slots="i32", slot_ptr="*i64", num_tokens="i32")
+    # As a launch specializes them: aligned pointers, strides that are multiples of 16.
+    aligned = [name for name in store if name.endswith(("_ptr", "_stride"))]
+    attrs = {(indexer_k_store_kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name in aligned}
+    base = dict(MX_SCALES=False, LAYOUT=0, N_PER_TILE=0, D_PER_TILE=0, SCALE_LANES=0,
+                BLOCK_SIZE=64, BLOCK_T=16, COMPACT=False, RANGES=1, EXACT_CASTS=False,
+                USE_PDL=True, GROUP_SCALES=False)
+    settings = {  # the launch settings of 256K tokens (store.store_settings)
+        "fp8 ratio 1": (dict(COMPRESS_RATIO=1, USE_FP4=False, EAGER_LOADS=True, HINT_AHEAD=0), 0),
+        "fp8 ratio 2": (dict(COMPRESS_RATIO=2, USE_FP4=False, EAGER_LOADS=False,
+                             HINT_AHEAD=660), 96),
+        "mxfp4 ratio 2": (dict(COMPRESS_RATIO=2, USE_FP4=True, EAGER_LOADS=False,
+                               HINT_AHEAD=660), 96),
+    }
+    for name, (constexprs, maxnreg) in settings.items():
+        constexprs = dict(base, **constexprs)
+        sig = dict(store, **{k: "constexpr" for k in constexprs})
+        src = ASTSource(fn=indexer_k_store_kernel, signature=sig, constexprs={
+            (indexer_k_store_kernel.arg_names.index(k),): v for k, v in constexprs.items()},
+            attrs=attrs)
+        options = dict(num_warps=2, enable_fp_fusion=True, launch_pdl=True)
+        if maxnreg:
+            options["maxnreg"] = maxnreg
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        print(name, "barriers", kernel.asm["sass"].count("BAR.SYNC"))
+    print("compiled")
+""")
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the GPU tests run the compiled kernels themselves")
+def test_store_compile_for_sm90_keeps_each_token_in_one_warp():
+    """The store's bandwidth-bound programs (16 tokens or token pairs over two warps) reduce
+    each key within one warp: compiled for sm_90 by this Triton, without a GPU, their code
+    has no barrier (a reduction across warps goes through shared memory, and costs Triton
+    3.9 builds 9 to 20 % of the store's time at 256K tokens on an H200: BENCHMARKS.md,
+    "Triton versions"). Which axes the lanes take is Triton's choice, made differently
+    from 3.7 on (``kernels.store.REVERSED_ROWS``)."""
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                      "bin")):
+        pytest.skip("this Triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", _ONE_WARP_SCRIPT], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+    counts = dict(line.rsplit(" barriers ", 1) for line in result.stdout.splitlines()
+                  if " barriers " in line)
+    assert len(counts) == 3 and all(n == "0" for n in counts.values()), counts
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="the GPU tests run the compiled kernels themselves")
 def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     """The interpreter runs kernels as Python: it does not check what only the compiler

@@ -29,6 +29,48 @@ def _per_token(v):
     return v[None, None, :, None, None]
 
 
+def _triton_version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# Triton lays a load or store out by the contiguity of its addresses: here only the last
+# axis (a chunk's elements) is contiguous, and the versions break the tie among the other
+# four in opposite orders. Through 3.6 the lanes take the group and chunk axes first, so
+# that a token's four lanes are in one warp; later versions take them from the right (the
+# chunk's low bit, then the tokens), which puts the chunk's high bit across the warps of
+# a 16-token program and every reduction over it through shared memory. So there the
+# memory operations address the key axes in reverse order (``_rows``), which the same
+# tie-break then spreads as 3.6 spreads the natural order; the values keep their order.
+REVERSED_ROWS: tl.constexpr = tl.constexpr(_triton_version() >= (3, 7))
+
+
+@triton.jit
+def _rows(x):
+    """A key-shaped [g, c_hi, t, c_lo, w] tensor as its memory operations address it (its
+    first four axes reversed where ``REVERSED_ROWS``; the permutation is its own
+    inverse)."""
+    if REVERSED_ROWS:
+        x = tl.permute(x, (3, 2, 1, 0, 4))
+    return x
+
+
+@triton.jit
+def _load_rows(ptr, mask, other):
+    """``tl.load`` of a key-shaped tensor of pointers, laid out as ``_rows`` says."""
+    if mask is None:
+        value = tl.load(_rows(ptr))
+    else:
+        value = tl.load(_rows(ptr), mask=_rows(mask), other=other)
+    return _rows(value)
+
+
+@triton.jit
+def _store_rows(ptr, value, mask):
+    """``tl.store`` of a key-shaped tensor, laid out as ``_rows`` says."""
+    tl.store(_rows(ptr), _rows(value), mask=_rows(mask))
+
+
 @triton.jit
 def _index(G_STEP: tl.constexpr, C_STEP: tl.constexpr, W: tl.constexpr):
     """[2, 2, 1, 2, W] index G_STEP * g + C_STEP * c + w, with chunk c = 2 * c_hi + c_lo."""
@@ -64,8 +106,8 @@ def _store_bytes(page_ptr, p, byte_index, values, write, finite,
                                                  SCALE_LANES)
     # ``finite`` comes from reductions of the key's own tensors: expanded back, it has
     # their layout, and combining the masks there moves no data between threads.
-    tl.store(ptr, values, mask=_per_token(write))
-    tl.store(ptr, tl.zeros_like(values), mask=_per_token(write & ~finite))
+    _store_rows(ptr, values, _per_token(write))
+    _store_rows(ptr, tl.zeros_like(values), _per_token(write & ~finite))
 
 
 @triton.jit
@@ -77,7 +119,7 @@ def _store_scales(page_ptr, p, index, scale_bytes, mask, BLOCK_SIZE: tl.constexp
     shape is laid out apart, and the per-token values it needs recomputed for it)."""
     offset = scale_offset_tl(_per_token(p), index, BLOCK_SIZE, VALUE_BYTES, LAYOUT, N_PER_TILE,
                              D_PER_TILE, SCALE_LANES)
-    tl.store(_per_token(page_ptr) + offset, scale_bytes, mask=_per_token(mask))
+    _store_rows(_per_token(page_ptr) + offset, scale_bytes, _per_token(mask))
 
 
 @triton.jit
@@ -183,8 +225,8 @@ def _written(slot, pos, num_slots, max_pos, COMPRESS_RATIO: tl.constexpr):
 def _load_key(k_pre_ptr, k_pre_row_stride, t, element, mask):
     """The low and high halves of the key rows of tokens ``t`` ([T]), where ``mask``."""
     row_ptr = k_pre_ptr + _per_token(t) * k_pre_row_stride + element
-    return (tl.load(row_ptr, mask=_per_token(mask), other=0.0),
-            tl.load(row_ptr + layout.HEAD_DIM // 2, mask=_per_token(mask), other=0.0))
+    return (_load_rows(row_ptr, _per_token(mask), 0.0),
+            _load_rows(row_ptr + layout.HEAD_DIM // 2, _per_token(mask), 0.0))
 
 
 @triton.jit
@@ -221,9 +263,9 @@ def _norm_rope_quant_store(
     group_pos = pos - (COMPRESS_RATIO - 1)  # of a token that writes (see _written)
     # cos/sin of RoPE pair j = 16 g + 4 c + q of the high half.
     cs_ptr = cos_sin_ptr + _per_token(group_pos) * cos_sin_row_stride + _pair_index()
-    cos = widen_to_float32(tl.load(cs_ptr, mask=_per_token(write), other=0.0), EXACT_CASTS)
-    sin = widen_to_float32(tl.load(cs_ptr + layout.ROPE_DIM // 2, mask=_per_token(write),
-                                   other=0.0), EXACT_CASTS)
+    cos = widen_to_float32(_load_rows(cs_ptr, _per_token(write), 0.0), EXACT_CASTS)
+    sin = widen_to_float32(_load_rows(cs_ptr + layout.ROPE_DIM // 2, _per_token(write), 0.0),
+                           EXACT_CASTS)
     lo_x, lo_y = _split_pairs(lo, EXACT_CASTS)
     hi_x, hi_y = _split_pairs(hi, EXACT_CASTS)
     if lo.dtype != tl.bfloat16:  # float32 or float16 keys: first rounded to bf16
@@ -237,8 +279,8 @@ def _norm_rope_quant_store(
         # Loaded at the keys' shape, so in their layout: a load at the weight's own shape
         # would be laid out apart and moved through shared memory (barriers).
         KEYS: tl.constexpr = [2, 2, BLOCK_T, 2, 8]
-        w_lo = tl.load(tl.broadcast_to(w_lo + element, KEYS))
-        w_hi = tl.load(tl.broadcast_to(w_hi + HALF + element, KEYS))
+        w_lo = _load_rows(tl.broadcast_to(w_lo + element, KEYS), None, None)
+        w_hi = _load_rows(tl.broadcast_to(w_hi + HALF + element, KEYS), None, None)
     w_x, w_y = _split_pairs(w_lo, EXACT_CASTS)
     lo_x, lo_y = round_to_bf16_pair(lo_x * inv_rms * w_x, lo_y * inv_rms * w_y, EXACT_CASTS)
     w_x, w_y = _split_pairs(w_hi, EXACT_CASTS)
@@ -347,16 +389,15 @@ def indexer_k_store_kernel(
     GROUP_SCALES: tl.constexpr,
 ):
     """A key is two 64-element halves, each held as [2, 2, BLOCK_T, 2, 8]: (group of 32,
-    high bit of the 8-element chunk, token, low bit of the chunk, element). Triton spreads
-    the axes over lanes and warps from the right: with 16 tokens a warp, two lanes share a
-    token, each holding four 16-byte chunks per half, so per-token work (the norm's
-    division, the scale exponent, addresses) is done by two lanes and all but one level of
-    the reductions are in-thread; 32 tokens over 4 warps split each token's chunks between
-    two warps as well (half the registers, so more warps in flight, for one reduction
-    level through shared memory); one token a warp spreads it over all 32 lanes (the
-    shortest chain for latency-bound launches). Each reduction level sums an axis of two,
-    so the tree is the same whatever the spread. The high half is the RoPE half; a group
-    is an MXFP4 scale block.
+    high bit of the 8-element chunk, token, low bit of the chunk, element). The loads lay
+    them out (``_rows``): the chunk's eight elements and its low bit in registers, the
+    group and high-chunk axes on four lanes of one warp, the tokens on the rest (eight a
+    warp), then on the warps. So per-token work (the norm's division, the scale exponent,
+    addresses) is done by four lanes, and every reduction over a key is in-thread or a
+    shuffle, none through shared memory (``tests/test_store_parity.py``, "one warp");
+    one token a warp (latency-bound launches) spreads it over the warp's lanes. Each
+    reduction level sums an axis of two, so the tree is the same whatever the spread.
+    The high half is the RoPE half; a group is an MXFP4 scale block.
 
     ``k_pre`` may be bf16, float32 or float16; rows of the latter two are rounded to bf16
     as they are loaded.
