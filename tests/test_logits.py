@@ -37,7 +37,10 @@ from indexer_kcache.kernels.logits import (
     _fp4_operand_bf16,
 )
 from indexer_kcache.logits import (
+    FALLBACK_REGISTERS,
+    LARGE_MXFP4_REGISTERS,
     PROGRAM_FOLD_MIN_TILES,
+    TRITON_SPILLS_AT_LARGE_CAP,
     check_logits,
     logits_settings,
     paged_mqa_logits,
@@ -891,6 +894,10 @@ def test_settings_are_deterministic_and_split_long_rows():
                            interpreted=False).max_registers == 80
     assert logits_settings(64, 1, 64, 32768, False, 1, 132,
                            interpreted=False).max_registers == 0  # one round
+    # MXFP4 keys in many programs: five an SM, but where Triton's code spills there.
+    many_fp4 = logits_settings(128, 1, 64, 65536, True, 1, 132, interpreted=False)
+    assert many_fp4.max_registers == (FALLBACK_REGISTERS if TRITON_SPILLS_AT_LARGE_CAP
+                                      else LARGE_MXFP4_REGISTERS)
     # A small call: a tile a program.
     small = logits_settings(1, 1, 64, 4096, False, 1, 132, interpreted=False)
     assert small.splits == 4096 // small.block_n

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+import triton
 
 from . import checks, layout
 from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, OpCall, fail_type, fail_value
@@ -323,7 +324,9 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
     one or two rows a program of at least ``PROGRAM_FOLD_MIN_TILES`` tiles, are folded
     relative to one exponent a program (``program_fold``). FP8 keys against e4m3 queries,
     one row a program, in more than one round of programs, are capped at
-    ``FP8_MANY_PROGRAMS_REGISTERS`` (six programs an SM). The measurements behind the numbers:
+    ``FP8_MANY_PROGRAMS_REGISTERS`` (six programs an SM); MXFP4 keys against e4m3 queries
+    in many programs at ``LARGE_MXFP4_REGISTERS`` (five), but with Triton 3.9
+    (``TRITON_SPILLS_AT_LARGE_CAP``). The measurements behind the numbers:
     BENCHMARKS.md, "The scorer".
     """
     head_pad = _head_pad(heads)
@@ -363,7 +366,7 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
         # Folding the queries costs a program more: fewer, longer ones, unless they come
         # folded and one round of programs holds the shorter ones.
         per_program *= 2
-    elif max_registers and q_form == Q_E4M3 and many:
+    elif max_registers and q_form == Q_E4M3 and many and not TRITON_SPILLS_AT_LARGE_CAP:
         max_registers = LARGE_MXFP4_REGISTERS  # more programs in flight when there are many
     splits = max(-(-tiles // per_program), 1)
     # Its first tile's exponents cost a program a round trip; long ones gain more.
@@ -389,6 +392,10 @@ def logits_settings(batch: int, next_n: int, heads: int, num_cols: int, use_fp4_
 
 PROGRAMS_PER_SM = 4
 LARGE_MXFP4_REGISTERS = 96
+# Triton 3.9's MXFP4 tile loop spills 256 bytes a thread under LARGE_MXFP4_REGISTERS
+# (3.6: 104, 3.7: 112, 3.8: 96, offline sm_90 counts): its many-program launches keep
+# FALLBACK_REGISTERS, 7 to 14 % faster there on an H200 (BENCHMARKS.md, "Triton versions").
+TRITON_SPILLS_AT_LARGE_CAP = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
 FP8_MANY_PROGRAMS_REGISTERS = 80
 MIN_TILES = 1
 MIN_TILES_ROWS = 4
