@@ -16,9 +16,12 @@ recorded ones.
     # on the GPU machine again: the same workload with B's binaries
     python benchmarks/triton_cubins.py replay cubins/ -- -m indexer_kcache bench ...
 
-The workload after ``--`` is a script path or ``-m module``, with its arguments. Kernels
-with no binary in the folder (compiled by anything else, or a specialization the record
-run did not see) keep Triton A's and are listed on stderr at exit.
+The workload after ``--`` is a script path or ``-m module``, with its arguments. Binaries
+are matched by specialization (function, argument types and alignments, constants,
+options), not by source text: a revised kernel can be built and replayed against the
+same records. Kernels with no binary in the folder (compiled by anything else, or a
+specialization the record run did not see) keep Triton A's and are listed on stderr at
+exit.
 """
 
 from __future__ import annotations
