@@ -539,7 +539,15 @@ def test_constants_are_defined_once_and_read_the_same_everywhere():
             assert name not in vars(module), f"{module.__name__} defines {name} again"
 
 
-_COMPILE_SCRIPT = textwrap.dedent("""
+# The store kernel's argument types, as the offline compile scripts below declare them.
+_STORE_SIGNATURE = """
+store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
+             cos_sin_ptr="*fp32", cos_sin_row_stride="i32", max_pos="i32", weight_ptr="*bf16",
+             eps="fp32", cache_ptr="*u8", page_stride="i32", num_slots="i32", slot_ptr="*i64",
+             num_tokens="i32")
+"""
+
+_COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -557,10 +565,6 @@ _COMPILE_SCRIPT = textwrap.dedent("""
             options.update(enable_fp_fusion=False, launch_pdl=bool(constexprs.get("USE_PDL")))
         triton.compile(src, target=target, options=options)
 
-    store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
-                 cos_sin_ptr="*fp32", cos_sin_row_stride="i32", max_pos="i32", weight_ptr="*bf16",
-                 eps="fp32", cache_ptr="*u8", page_stride="i32", num_slots="i32", slot_ptr="*i64",
-                 num_tokens="i32")
     base = dict(COMPRESS_RATIO=2, USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0,
                 D_PER_TILE=0, SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=16, EAGER_LOADS=False,
                 COMPACT=False, RANGES=1, EXACT_CASTS=False, USE_PDL=True,
@@ -693,16 +697,12 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
-_ONE_WARP_SCRIPT = textwrap.dedent("""
+_ONE_WARP_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from indexer_kcache.kernels import indexer_k_store_kernel
 
-    store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
-                 cos_sin_ptr="*fp32", cos_sin_row_stride="i32", max_pos="i32",
-                 weight_ptr="*bf16", eps="fp32", cache_ptr="*u8", page_stride="i32",
-                 num_slots="i32", slot_ptr="*i64", num_tokens="i32")
     # As a launch specializes them: aligned pointers, strides that are multiples of 16.
     aligned = [name for name in store if name.endswith(("_ptr", "_stride"))]
     attrs = {(indexer_k_store_kernel.arg_names.index(name),): [["tt.divisibility", 16]]

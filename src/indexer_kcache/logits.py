@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-import triton
 
 from . import checks, layout
 from .checks import PDL_AT_EXIT, PDL_EARLY, PDL_NONE, OpCall, fail_type, fail_value
@@ -35,6 +34,7 @@ from .kernels.logits import (
     paged_mqa_logits_kernel,
     row_slots,
 )
+from .kernels.numerics import TRITON_VERSION
 from .launcher import MAX_GRID_Y, Kernel, Launch, declare_op, tunable
 from .reference import logits as reference_logits
 from .util import next_power_of_2
@@ -395,7 +395,7 @@ LARGE_MXFP4_REGISTERS = 96
 # Triton 3.9's MXFP4 tile loop spills 256 bytes a thread under LARGE_MXFP4_REGISTERS
 # (3.6: 104, 3.7: 112, 3.8: 96, offline sm_90 counts): its many-program launches keep
 # FALLBACK_REGISTERS, 7 to 14 % faster there on an H200 (BENCHMARKS.md, "Triton versions").
-TRITON_SPILLS_AT_LARGE_CAP = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
+TRITON_SPILLS_AT_LARGE_CAP = TRITON_VERSION >= (3, 9)
 FP8_MANY_PROGRAMS_REGISTERS = 80
 MIN_TILES = 1
 MIN_TILES_ROWS = 4

@@ -15,6 +15,10 @@ import triton.language as tl
 
 from .. import layout
 
+# The running Triton's (major, minor): where versions compile the same source differently,
+# the kernels (and their launch settings) choose the form by it.
+TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
+
 # 1.5 * 2**23: adding it to a float in [0, 2**22) rounds that float to an integer (RNE)
 # and leaves the integer in the low mantissa bits.
 ROUND_MAGIC: tl.constexpr = tl.constexpr(12582912.0)

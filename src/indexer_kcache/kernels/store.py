@@ -14,6 +14,7 @@ from ..layout import scale_offset_tl, value_offset_tl
 from .dependent_launch import hint_l2, wait_for_previous_kernel
 from .numerics import (
     E2M1_X4_MIN_PAIRS,
+    TRITON_VERSION,
     ceil_log2_of_ratio,
     e2m1_pairs_to_bytes,
     floats_to_e4m3,
@@ -29,11 +30,6 @@ def _per_token(v):
     return v[None, None, :, None, None]
 
 
-def _triton_version() -> tuple[int, int]:
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 # Triton lays a load or store out by the contiguity of its addresses: here only the last
 # axis (a chunk's elements) is contiguous, and the versions break the tie among the other
 # four in opposite orders. Through 3.6 the lanes take the group and chunk axes first, so
@@ -42,7 +38,7 @@ def _triton_version() -> tuple[int, int]:
 # a 16-token program and every reduction over it through shared memory. So there the
 # memory operations address the key axes in reverse order (``_rows``), which the same
 # tie-break then spreads as 3.6 spreads the natural order; the values keep their order.
-REVERSED_ROWS: tl.constexpr = tl.constexpr(_triton_version() >= (3, 7))
+REVERSED_ROWS: tl.constexpr = tl.constexpr(TRITON_VERSION >= (3, 7))
 
 
 @triton.jit
