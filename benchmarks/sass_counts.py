@@ -104,7 +104,7 @@ def filter_counts(args) -> None:
                  "counts_ptr": "*i32", "cand_slot_ptr": "*i32"}
     for buckets in args.buckets:
         constexprs = dict(IS_BF16=False, HAS_LENGTHS=False, BLOCK=1024, BUCKETS=buckets,
-                          USE_PDL=2)
+                          WARP_APPEND=buckets == 0, USE_PDL=2)
         registers, stack, _ = compile_counts(topk_filter_kernel, signature, constexprs,
                                              ("row_stride", "split_cols"),
                                              {"num_warps": 4, "launch_pdl": True})

@@ -115,21 +115,27 @@ def _run_workload(argv: list[str]) -> None:
 def record(path: str, argv: list[str]) -> None:
     records: dict[str, dict] = {}
 
+    def save():
+        with open(path + ".part", "w") as f:
+            json.dump(records, f, indent=1)
+        os.replace(path + ".part", path)
+
     def on_compile(src, target, options, kernel):
         if _ours(src):
             try:
                 spec = _spec(src, target, options)
-                records[_key(spec)] = spec
             except TypeError as error:  # not recordable: it keeps this Triton's binary
                 print(f"triton_cubins: {src.fn.fn.__qualname__}: {error}", file=sys.stderr)
+            else:
+                if _key(spec) not in records:
+                    records[_key(spec)] = spec
+                    # Saved at every new kernel, so that a workload cut short (a timeout, a
+                    # failed test run) still leaves the record of what it compiled.
+                    save()
         return kernel
 
-    def save():
-        with open(path, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"triton_cubins: {len(records)} kernels recorded to {path}", file=sys.stderr)
-
-    atexit.register(save)
+    atexit.register(lambda: print(f"triton_cubins: {len(records)} kernels recorded to {path}",
+                                  file=sys.stderr))
     _hook(on_compile)
     _run_workload(argv)
 

@@ -662,7 +662,14 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                                           cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32",
                                           meta_ptr="*i64", counts_ptr="*i32",
                                           cand_slot_ptr="*i32"),
-                 dict(common, BLOCK=1024, BUCKETS=4096), target, num_warps=4)
+                 dict(common, BLOCK=1024, BUCKETS=4096, WARP_APPEND=False), target,
+                 num_warps=4)
+        if target.backend == "cuda":  # each warp appending its own candidates (inline PTX)
+            compile_(topk_filter_kernel, dict(rows, split_cols="i32", threshold_ptr="*i32",
+                                              cand_ptr="*i64", cand_count_ptr="*i32",
+                                              capacity="i32", meta_ptr="*i64",
+                                              counts_ptr="*i32", cand_slot_ptr="*i32"),
+                     dict(common, BLOCK=1024, BUCKETS=0, WARP_APPEND=True), target, num_warps=4)
     for target, pdl in targets:
         compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
                                           cand_count_ptr="*i32", capacity="i32",

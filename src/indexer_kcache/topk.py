@@ -29,6 +29,7 @@ from .checks import (
 )
 from .kernels import INTERPRETED
 from .kernels.topk import (
+    COUNTER_STRIDE,
     MARGIN_EXTRA,
     MARGIN_SIGMAS,
     topk_filter_kernel,
@@ -258,7 +259,10 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
                                        **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,
-                                       BLOCK=s.step, BUCKETS=buckets)
+                                       BLOCK=s.step, BUCKETS=buckets,
+                                       # (eight elements a thread at least)
+                                       WARP_APPEND=(nvidia and not buckets
+                                                    and s.step >= 8 * 32 * s.filter_warps))
         filter_grid = (rows, s.splits)
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
@@ -310,7 +314,7 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
     meta = torch.empty((rows, 4), dtype=torch.int64, device=device)
     if s.splits:
         threshold = torch.empty((rows,), dtype=torch.int32, device=device)
-        cand_count = torch.empty((rows,), dtype=torch.int32, device=device)
+        cand_count = torch.empty((rows, COUNTER_STRIDE), dtype=torch.int32, device=device)
         cand = torch.empty((rows, s.block), dtype=torch.int64, device=device)
         # Each candidate's slot in its bucket (not read unless the filter buckets).
         cand_slot = (torch.empty((rows, s.block), dtype=torch.int32, device=device)
@@ -321,7 +325,7 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
                 cand_ptr=cand, cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts,
                 cand_slot_ptr=cand_slot)
         if buffers is not None:
-            buffers.update(threshold=threshold, cand_count=cand_count, cand=cand)
+            buffers.update(threshold=threshold, cand_count=cand_count[:, 0], cand=cand)
     else:
         cand, cand_count, cand_slot = scratch, out, out  # not read: FROM_CANDIDATES is False
     select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,

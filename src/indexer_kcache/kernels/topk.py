@@ -60,6 +60,151 @@ MARGIN_EXTRA = tl.constexpr(8)
 # pairs above the sample's largest: about cols / sampled columns of them in a row whose
 # sample is representative) holds at most this many.
 MAX_TOP_BUCKET = tl.constexpr(64)
+# Rows' candidate counters lie a 128-byte line apart: the filter's atomic adds on one line
+# are served one after another, so counters sharing a line would serialize every row's.
+COUNTER_STRIDE = tl.constexpr(32)
+
+
+# A warp appends its taken pairs with one atomic add (NVIDIA only: inline PTX). A thread
+# passes eight elements: per element register, the warp's ballot gives each taken element
+# its place among the warp's (the lanes below it); the eight ballots' counts stack them;
+# lane 0 reserves the warp's total on the row's counter and broadcasts the base; each
+# taken pair below the capacity is stored there. Operands ($0-$7 dummies): $8-$15 taken,
+# $16-$23 the pairs' high words (keys), $24-$31 their low words, $32-$39 the row's
+# candidate buffer, $40-$47 its counter, $48-$55 the capacity. The ballots, the atomic
+# and the stores are one statement with no result in use, so that Triton neither
+# duplicates it into a second layout (each copy would add to the counter) nor drops it.
+_WARP_APPEND_PTX = tl.constexpr("""
+{
+.reg .pred p0, p1, p2, p3, p4, p5, p6, p7, first, q;
+.reg .b32 b0, b1, b2, b3, b4, b5, b6, b7, lt, total, base, part, pos;
+.reg .b64 addr;
+setp.ne.u32 p0, $8, 0;
+setp.ne.u32 p1, $9, 0;
+setp.ne.u32 p2, $10, 0;
+setp.ne.u32 p3, $11, 0;
+setp.ne.u32 p4, $12, 0;
+setp.ne.u32 p5, $13, 0;
+setp.ne.u32 p6, $14, 0;
+setp.ne.u32 p7, $15, 0;
+vote.sync.ballot.b32 b0, p0, 0xffffffff;
+vote.sync.ballot.b32 b1, p1, 0xffffffff;
+vote.sync.ballot.b32 b2, p2, 0xffffffff;
+vote.sync.ballot.b32 b3, p3, 0xffffffff;
+vote.sync.ballot.b32 b4, p4, 0xffffffff;
+vote.sync.ballot.b32 b5, p5, 0xffffffff;
+vote.sync.ballot.b32 b6, p6, 0xffffffff;
+vote.sync.ballot.b32 b7, p7, 0xffffffff;
+mov.u32 lt, %lanemask_lt;
+popc.b32 total, b0;
+popc.b32 part, b1;
+add.u32 total, total, part;
+popc.b32 part, b2;
+add.u32 total, total, part;
+popc.b32 part, b3;
+add.u32 total, total, part;
+popc.b32 part, b4;
+add.u32 total, total, part;
+popc.b32 part, b5;
+add.u32 total, total, part;
+popc.b32 part, b6;
+add.u32 total, total, part;
+popc.b32 part, b7;
+add.u32 total, total, part;
+mov.u32 base, 0;
+setp.eq.u32 first, lt, 0;
+setp.ne.and.u32 first, total, 0, first;
+@first atom.global.relaxed.gpu.add.u32 base, [$40], total;
+shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;
+and.b32 part, b0, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $48, p0;
+mad.wide.u32 addr, pos, 8, $32;
+@q st.global.v2.b32 [addr], {$24, $16};
+popc.b32 part, b0;
+add.u32 base, base, part;
+and.b32 part, b1, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $49, p1;
+mad.wide.u32 addr, pos, 8, $33;
+@q st.global.v2.b32 [addr], {$25, $17};
+popc.b32 part, b1;
+add.u32 base, base, part;
+and.b32 part, b2, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $50, p2;
+mad.wide.u32 addr, pos, 8, $34;
+@q st.global.v2.b32 [addr], {$26, $18};
+popc.b32 part, b2;
+add.u32 base, base, part;
+and.b32 part, b3, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $51, p3;
+mad.wide.u32 addr, pos, 8, $35;
+@q st.global.v2.b32 [addr], {$27, $19};
+popc.b32 part, b3;
+add.u32 base, base, part;
+and.b32 part, b4, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $52, p4;
+mad.wide.u32 addr, pos, 8, $36;
+@q st.global.v2.b32 [addr], {$28, $20};
+popc.b32 part, b4;
+add.u32 base, base, part;
+and.b32 part, b5, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $53, p5;
+mad.wide.u32 addr, pos, 8, $37;
+@q st.global.v2.b32 [addr], {$29, $21};
+popc.b32 part, b5;
+add.u32 base, base, part;
+and.b32 part, b6, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $54, p6;
+mad.wide.u32 addr, pos, 8, $38;
+@q st.global.v2.b32 [addr], {$30, $22};
+popc.b32 part, b6;
+add.u32 base, base, part;
+and.b32 part, b7, lt;
+popc.b32 part, part;
+add.u32 pos, base, part;
+setp.lt.and.u32 q, pos, $55, p7;
+mad.wide.u32 addr, pos, 8, $39;
+@q st.global.v2.b32 [addr], {$31, $23};
+mov.b32 $0, 0;
+mov.b32 $1, 0;
+mov.b32 $2, 0;
+mov.b32 $3, 0;
+mov.b32 $4, 0;
+mov.b32 $5, 0;
+mov.b32 $6, 0;
+mov.b32 $7, 0;
+}
+""")
+_WARP_APPEND_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 24 + ["l"] * 16 + ["r"] * 8))
+
+
+@triton.jit
+def _warp_append(take, key, low, cand_row_ptr, counter_ptr, capacity):
+    """Appends the taken pairs ``(key, low)`` of a block to ``cand_row`` at positions
+    reserved on ``*counter_ptr``, each warp with one atomic add per eight elements a
+    thread (the order among them is the warps' and lanes', not the columns'); pairs at
+    positions from ``capacity`` on are counted, not stored. For blocks of a multiple of 8
+    elements a thread (at least 256 a warp). Not for the interpreter."""
+    zeros = tl.zeros(take.shape, tl.int64)
+    tl.inline_asm_elementwise(
+        _WARP_APPEND_PTX, _WARP_APPEND_CONSTRAINTS,
+        [take.to(tl.int32), key.to(tl.int32, bitcast=True), low.to(tl.int32, bitcast=True),
+         zeros + cand_row_ptr.to(tl.int64), zeros + counter_ptr.to(tl.int64),
+         zeros.to(tl.int32) + capacity],
+        dtype=tl.int32, is_pure=False, pack=8)
 
 
 @triton.constexpr_function
@@ -254,7 +399,7 @@ def topk_sample_kernel(
     USE_PDL: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
-    holding the uint32 key), and ``cand_count[row] = 0``. With ``BUCKETS`` (the filter
+    holding the uint32 key), and ``cand_count[row * COUNTER_STRIDE] = 0``. With ``BUCKETS`` (the filter
     buckets its candidates), also the buckets' range: ``meta[row, 0]`` the largest pair
     the sample saw, ``meta[row, 1]`` the shift that maps it down to the threshold's pair
     into ``BUCKETS`` buckets, and ``counts[row, :BUCKETS] = 0``.
@@ -301,7 +446,7 @@ def topk_sample_kernel(
                 count = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), 0)
                 threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
-    tl.store(cand_count_ptr + row, 0)
+    tl.store(cand_count_ptr + row * COUNTER_STRIDE, 0)
     if BUCKETS > 0:
         # The sample's largest pair stands for the row's: pairs above it share bucket 0
         # (ranked exactly all the same). The threshold's pair is below every candidate.
@@ -338,14 +483,15 @@ def topk_filter_kernel(
     HAS_LENGTHS: tl.constexpr,
     BLOCK: tl.constexpr,
     BUCKETS: tl.constexpr,
+    WARP_APPEND: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row, split): appends the pairs of columns ``[split * split_cols,
     (split + 1) * split_cols)`` whose key is at least ``threshold[row]`` to ``cand[row]``
     (int64 ``[rows, capacity]``), ``BLOCK`` columns a step, reserving room with one atomic
-    add a step on ``cand_count[row]`` (which ends as the row's candidate count, even past
-    ``capacity``: only what fits is written). The order of the candidates varies from run
-    to run; the result does not.
+    add a step on the row's counter ``cand_count[row * COUNTER_STRIDE]`` (which ends as
+    the row's candidate count, even past ``capacity``: only what fits is written). The
+    order of the candidates varies from run to run; the result does not.
 
     With ``BUCKETS``, each candidate is also counted in its bucket of the range
     the sample kernel set (``meta[row, :2]``), by an atomic add on ``counts[row,
@@ -353,8 +499,13 @@ def topk_filter_kernel(
     ``cand_slot[row]`` beside it: the select kernel then places the candidates without
     atomics of its own, and these, spread over the filter's many programs, overlap.
 
+    With ``WARP_APPEND`` (NVIDIA, without ``BUCKETS``), each warp reserves room for its own
+    candidates (``_warp_append``: ballots and one atomic add per eight elements a thread),
+    instead of the block's sum, atomic and scan with their barriers and shared memory.
+
     Each step's block is loaded a step ahead, so that the load is in flight while the step
     before waits for its atomic (``split_cols`` is a multiple of ``BLOCK``)."""
+    tl.static_assert(not (WARP_APPEND and BUCKETS > 0), "WARP_APPEND does not bucket")
     wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -374,22 +525,27 @@ def topk_filter_kernel(
         next_raw, next_live = _filter_block(row_ptr, block + BLOCK, end, offsets, IS_BF16, BLOCK)
         key = _keys_of_raw(raw, IS_BF16)
         take = live & (key >= threshold)
-        taken = tl.sum(take.to(tl.int32), 0)
-        if taken > 0:
-            if BUCKETS > 0:
-                # Issued with the count's atomic, not after it (one round trip, not two):
-                # candidates past the capacity are counted too, but then the select
-                # kernel does not use the counts.
-                bucket = _bucket_of_key(key, top_key, key_shift, BUCKETS)
-                slot = tl.atomic_add(counts_ptr + row * (2 * BUCKETS) + bucket,
-                                     tl.full([BLOCK], 1, tl.int32), mask=take, sem="relaxed")
-            base = tl.atomic_add(cand_count_ptr + row, taken, sem="relaxed")
-            position = base + _positions(take, BLOCK)
-            kept = take & (position < capacity)
-            if BUCKETS > 0:
-                tl.store(cand_slot_ptr + row * capacity + position, slot, mask=kept)
-            pair = _pair(key, ~(block + offsets).to(tl.uint32))
-            tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True), mask=kept)
+        if WARP_APPEND:
+            _warp_append(take, key, ~(block + offsets).to(tl.uint32), cand_row_ptr,
+                         cand_count_ptr + row * COUNTER_STRIDE, capacity)
+        else:
+            taken = tl.sum(take.to(tl.int32), 0)
+            if taken > 0:
+                if BUCKETS > 0:
+                    # Issued with the count's atomic, not after it (one round trip, not two):
+                    # candidates past the capacity are counted too, but then the select
+                    # kernel does not use the counts.
+                    bucket = _bucket_of_key(key, top_key, key_shift, BUCKETS)
+                    slot = tl.atomic_add(counts_ptr + row * (2 * BUCKETS) + bucket,
+                                         tl.full([BLOCK], 1, tl.int32), mask=take, sem="relaxed")
+                base = tl.atomic_add(cand_count_ptr + row * COUNTER_STRIDE, taken,
+                                     sem="relaxed")
+                position = base + _positions(take, BLOCK)
+                kept = take & (position < capacity)
+                if BUCKETS > 0:
+                    tl.store(cand_slot_ptr + row * capacity + position, slot, mask=kept)
+                pair = _pair(key, ~(block + offsets).to(tl.uint32))
+                tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True), mask=kept)
 
 
 @triton.jit
@@ -572,7 +728,8 @@ def topk_select_kernel(
     = -1``.
 
     The pairs (at most ``BLOCK``, a power of two ``>= min(k, cols)``):
-    ``cand[row, :cand_count[row]]`` when ``FROM_CANDIDATES`` and that count lies in
+    ``cand[row, :count]`` (``count = cand_count[row * COUNTER_STRIDE]``) when
+    ``FROM_CANDIDATES`` and that count lies in
     ``[want, capacity]`` (``capacity <= BLOCK``); else the row's eligible columns when
     they fit ``BLOCK``; else the row's top ``want``, found by radix selection streamed
     from the row ``STREAM_BLOCK`` columns a step. ``scratch`` (int64 ``[rows, BLOCK]``:
@@ -617,7 +774,7 @@ def topk_select_kernel(
             top_count = tl.load(counts_row_ptr)  # count[0], as a scalar (no reduction)
             top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
             shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
-        cand_count = tl.load(cand_count_ptr + row)
+        cand_count = tl.load(cand_count_ptr + row * COUNTER_STRIDE)
         use_candidates = (cand_count >= want) & (cand_count <= capacity)
     if use_candidates:
         valid = i < cand_count
