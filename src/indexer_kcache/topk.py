@@ -144,7 +144,8 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``, 1024 under the
     interpreter) wide are read once by the select kernel and ranked whole. Longer rows
     are sampled (enough columns to expect ``SAMPLE_HITS`` of the top k), then filtered
-    ``FILTER_STEP`` columns a step, one atomic a step: one step a program for fewer than
+    ``FILTER_STEP`` columns a step, one atomic add a step (each warp's own on NVIDIA where
+    the filter does not bucket, else the program's): one step a program for fewer than
     ``FILTER_STEPS_FROM`` elements
     (many small programs), ``FILTER_STEPS`` from there (each step's load in flight while
     the step before waits for its atomics); the select and rank kernels order the
