@@ -652,6 +652,16 @@ def test_reference_backend_matches_too():
     run_and_check(call, options, backend="reference")
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_logits_do_not_differentiate_under_either_backend(backend):
+    """Weights and queries that require grad: the logits are a plain result under both
+    backends (the reference computes in torch, but outside autograd, as the kernel)."""
+    call, options = make_call("fp8", "row-major", "bf16", seed=6)
+    call["weights"] = call["weights"].clone().requires_grad_()
+    got = paged_mqa_logits(**call, **options, backend=backend)
+    assert not got.requires_grad and got.grad_fn is None
+
+
 def test_every_row_empty_and_zero_width():
     call, options = make_call("fp8", "row-major", "e4m3", batch=2, next_n=2)
     call["context_lens"] = torch.zeros(2, dtype=torch.int32, device=DEVICE)

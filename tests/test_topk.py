@@ -610,6 +610,8 @@ def bad_calls():
     x = make_logits("normal", 4, 64, torch.float32)
     lengths = torch.full((4,), 10, dtype=torch.int32, device=DEVICE)
     out = torch.empty((4, 8), dtype=torch.int32, device=DEVICE)
+    wide = make_logits("normal", 8, 64, torch.float32)
+    lengths8 = torch.full((8,), 10, dtype=torch.int32, device=DEVICE)
     f = topk.top_k_indices
     return [
         ("k-zero", ValueError, "k", lambda: f(x, 0)),
@@ -633,6 +635,10 @@ def bad_calls():
         ("out-overlap", ValueError, "out.stride(0)",
          lambda: f(x, 8, out=out[:1].expand(4, 8))),
         ("backend", ValueError, "backend", lambda: f(x, 8, backend="cuda")),
+        # Checked before the result is allocated (rows x 2**31 - 1 would not fit).
+        ("lengths-before-out", TypeError, "lengths",
+         lambda: f(wide, 2**31 - 1, lengths8.float())),
+        ("backend-before-out", ValueError, "backend", lambda: f(wide, 2**31 - 1, backend="gpu")),
         ("k-too-large", NotImplementedError, "k",
          lambda: f(torch.zeros((1, topk.MAX_SORTED + 1), device=DEVICE), topk.MAX_SORTED + 1,
                    backend="triton")),

@@ -493,11 +493,15 @@ def run_logits(plan: LogitsPlan, call: OpCall) -> None:
     if plan.backend == "reference":
         q = call.q_values if call.q_scales is None and plan.q_form == Q_BF16 else (
             call.q_values, call.q_scales)
-        reference_logits.paged_mqa_logits(
-            q, cache, call.weights, call.context_lens, call.block_table, plan.max_model_len,
-            use_fp4_cache=plan.use_fp4_cache, mx_scales=plan.mx_scales, layout_code=plan.layout,
-            n_per_tile=plan.n_per_tile, d_per_tile=plan.d_per_tile, scale_lanes=plan.scale_lanes,
-            clean_logits=plan.clean_logits, out=call.out)
+        # Outside autograd, as the Triton backend is: a result that does not differentiate
+        # to the queries or weights under one backend only.
+        with torch.no_grad():
+            reference_logits.paged_mqa_logits(
+                q, cache, call.weights, call.context_lens, call.block_table,
+                plan.max_model_len, use_fp4_cache=plan.use_fp4_cache, mx_scales=plan.mx_scales,
+                layout_code=plan.layout, n_per_tile=plan.n_per_tile,
+                d_per_tile=plan.d_per_tile, scale_lanes=plan.scale_lanes,
+                clean_logits=plan.clean_logits, out=call.out)
         return
     settings = settings_for(plan)
     # Four-byte scale loads where the pages allow them (the address is the call's).

@@ -210,13 +210,7 @@ def check_topk(call: OpCall) -> TopKPlan:
         fail_value("logits.stride(1)", "1", logits.stride(1))
     if cols > MAX_COLS:
         fail_value("logits.shape[1]", f"<= {MAX_COLS} columns", cols)
-    if lengths is not None:
-        checks.check_dtype("lengths", lengths, LENGTHS_DTYPES)
-        if lengths.dim() != 1 or lengths.shape[0] != rows:
-            fail_value("lengths", f"shape [rows] = [{rows}]", f"shape {tuple(lengths.shape)}")
-        if rows > 1 and lengths.stride(0) != 1:
-            fail_value("lengths.stride(0)", "1", lengths.stride(0))
-        checks.check_same_device("logits", logits, lengths=lengths)
+    _check_lengths(lengths, logits)
     checks.check_dtype("out", out, OUT_DTYPES)
     if out.dim() != 2 or out.shape[0] != rows or out.shape[1] < 1:
         fail_value("out", f"shape [rows, k] with rows = {rows} and k >= 1",
@@ -226,13 +220,30 @@ def check_topk(call: OpCall) -> TopKPlan:
         fail_value("out.stride(1)", "1", out.stride(1))
     checks.check_rows_apart("out", out, "k")
     checks.check_same_device("logits", logits, out=out)
-    backend = checks.resolve_backend(call.backend, logits.device)
-    if backend == "triton" and min(k, cols) > MAX_SORTED:
-        fail_unsupported("k", f"min(k, cols) <= {MAX_SORTED} with the Triton backend "
-                         "(backend='reference' takes any k)", k)
+    backend = _check_backend(call.backend, logits, k)
     return TopKPlan(backend, logits.device, rows, cols, k, logits.dtype == torch.bfloat16,
                     lengths is not None, logits.stride(0), out.stride(0),
                     checks.output_extents(call, "out", ("logits", "lengths")))
+
+
+def _check_lengths(lengths: torch.Tensor | None, logits: torch.Tensor) -> None:
+    if lengths is not None:
+        rows = logits.shape[0]
+        checks.check_dtype("lengths", lengths, LENGTHS_DTYPES)
+        if lengths.dim() != 1 or lengths.shape[0] != rows:
+            fail_value("lengths", f"shape [rows] = [{rows}]", f"shape {tuple(lengths.shape)}")
+        if rows > 1 and lengths.stride(0) != 1:
+            fail_value("lengths.stride(0)", "1", lengths.stride(0))
+        checks.check_same_device("logits", logits, lengths=lengths)
+
+
+def _check_backend(backend: str | None, logits: torch.Tensor, k: int) -> str:
+    """The backend that runs the call, and ``k`` within what it takes."""
+    backend = checks.resolve_backend(backend, logits.device)
+    if backend == "triton" and min(k, logits.shape[1]) > MAX_SORTED:
+        fail_unsupported("k", f"min(k, cols) <= {MAX_SORTED} with the Triton backend "
+                         "(backend='reference' takes any k)", k)
+    return backend
 
 
 def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
@@ -375,6 +386,9 @@ def top_k_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = N
     if logits.dim() != 2:
         fail_value("logits", "a 2-d tensor [rows, cols]", f"shape {tuple(logits.shape)}")
     if out is None:
+        # The other arguments first: a bad one is named, not an allocation of rows x k.
+        _check_lengths(lengths, logits)
+        _check_backend(backend, logits, k)
         out = torch.empty((logits.shape[0], k), dtype=torch.int32, device=logits.device)
     elif isinstance(out, torch.Tensor) and tuple(out.shape) != (logits.shape[0], k):
         fail_value("out", f"shape [rows, k] = [{logits.shape[0]}, {k}]", f"shape {tuple(out.shape)}")
