@@ -32,6 +32,7 @@ from .kernels.topk import (
     COUNTER_STRIDE,
     MARGIN_EXTRA,
     MARGIN_SIGMAS,
+    WARP_APPEND_ELEMENTS,
     topk_filter_kernel,
     topk_rank_kernel,
     topk_sample_kernel,
@@ -272,9 +273,8 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
                                        **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,
                                        BLOCK=s.step, BUCKETS=buckets,
-                                       # (eight elements a thread at least)
-                                       WARP_APPEND=(nvidia and not buckets
-                                                    and s.step >= 8 * 32 * s.filter_warps))
+                                       WARP_APPEND=(nvidia and not buckets and s.step
+                                                    >= WARP_APPEND_ELEMENTS * 32 * s.filter_warps))
         filter_grid = (rows, s.splits)
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)

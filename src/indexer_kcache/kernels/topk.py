@@ -65,130 +65,49 @@ MAX_TOP_BUCKET = tl.constexpr(64)
 COUNTER_STRIDE = tl.constexpr(32)
 
 
-# A warp appends its taken pairs with one atomic add (NVIDIA only: inline PTX). A thread
-# passes eight elements: per element register, the warp's ballot gives each taken element
-# its place among the warp's (the lanes below it); the eight ballots' counts stack them;
-# lane 0 reserves the warp's total on the row's counter and broadcasts the base; each
-# taken pair below the capacity is stored there. Operands ($0-$7 dummies): $8-$15 taken,
-# $16-$23 the pairs' high words (keys), $24-$31 their low words, $32-$39 the row's
-# candidate buffer, $40-$47 its counter, $48-$55 the capacity. The ballots, the atomic
-# and the stores are one statement with no result in use, so that Triton neither
-# duplicates it into a second layout (each copy would add to the counter) nor drops it.
-_WARP_APPEND_PTX = tl.constexpr("""
-{
-.reg .pred p0, p1, p2, p3, p4, p5, p6, p7, first, q;
-.reg .b32 b0, b1, b2, b3, b4, b5, b6, b7, lt, total, base, part, pos;
-.reg .b64 addr;
-setp.ne.u32 p0, $8, 0;
-setp.ne.u32 p1, $9, 0;
-setp.ne.u32 p2, $10, 0;
-setp.ne.u32 p3, $11, 0;
-setp.ne.u32 p4, $12, 0;
-setp.ne.u32 p5, $13, 0;
-setp.ne.u32 p6, $14, 0;
-setp.ne.u32 p7, $15, 0;
-vote.sync.ballot.b32 b0, p0, 0xffffffff;
-vote.sync.ballot.b32 b1, p1, 0xffffffff;
-vote.sync.ballot.b32 b2, p2, 0xffffffff;
-vote.sync.ballot.b32 b3, p3, 0xffffffff;
-vote.sync.ballot.b32 b4, p4, 0xffffffff;
-vote.sync.ballot.b32 b5, p5, 0xffffffff;
-vote.sync.ballot.b32 b6, p6, 0xffffffff;
-vote.sync.ballot.b32 b7, p7, 0xffffffff;
-mov.u32 lt, %lanemask_lt;
-popc.b32 total, b0;
-popc.b32 part, b1;
-add.u32 total, total, part;
-popc.b32 part, b2;
-add.u32 total, total, part;
-popc.b32 part, b3;
-add.u32 total, total, part;
-popc.b32 part, b4;
-add.u32 total, total, part;
-popc.b32 part, b5;
-add.u32 total, total, part;
-popc.b32 part, b6;
-add.u32 total, total, part;
-popc.b32 part, b7;
-add.u32 total, total, part;
-mov.u32 base, 0;
-setp.eq.u32 first, lt, 0;
-setp.ne.and.u32 first, total, 0, first;
-@first atom.global.relaxed.gpu.add.u32 base, [$40], total;
-shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;
-and.b32 part, b0, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $48, p0;
-mad.wide.u32 addr, pos, 8, $32;
-@q st.global.v2.b32 [addr], {$24, $16};
-popc.b32 part, b0;
-add.u32 base, base, part;
-and.b32 part, b1, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $49, p1;
-mad.wide.u32 addr, pos, 8, $33;
-@q st.global.v2.b32 [addr], {$25, $17};
-popc.b32 part, b1;
-add.u32 base, base, part;
-and.b32 part, b2, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $50, p2;
-mad.wide.u32 addr, pos, 8, $34;
-@q st.global.v2.b32 [addr], {$26, $18};
-popc.b32 part, b2;
-add.u32 base, base, part;
-and.b32 part, b3, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $51, p3;
-mad.wide.u32 addr, pos, 8, $35;
-@q st.global.v2.b32 [addr], {$27, $19};
-popc.b32 part, b3;
-add.u32 base, base, part;
-and.b32 part, b4, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $52, p4;
-mad.wide.u32 addr, pos, 8, $36;
-@q st.global.v2.b32 [addr], {$28, $20};
-popc.b32 part, b4;
-add.u32 base, base, part;
-and.b32 part, b5, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $53, p5;
-mad.wide.u32 addr, pos, 8, $37;
-@q st.global.v2.b32 [addr], {$29, $21};
-popc.b32 part, b5;
-add.u32 base, base, part;
-and.b32 part, b6, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $54, p6;
-mad.wide.u32 addr, pos, 8, $38;
-@q st.global.v2.b32 [addr], {$30, $22};
-popc.b32 part, b6;
-add.u32 base, base, part;
-and.b32 part, b7, lt;
-popc.b32 part, part;
-add.u32 pos, base, part;
-setp.lt.and.u32 q, pos, $55, p7;
-mad.wide.u32 addr, pos, 8, $39;
-@q st.global.v2.b32 [addr], {$31, $23};
-mov.b32 $0, 0;
-mov.b32 $1, 0;
-mov.b32 $2, 0;
-mov.b32 $3, 0;
-mov.b32 $4, 0;
-mov.b32 $5, 0;
-mov.b32 $6, 0;
-mov.b32 $7, 0;
-}
-""")
-_WARP_APPEND_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 24 + ["l"] * 16 + ["r"] * 8))
+# Elements a thread that one warp-append statement takes (its inline PTX's pack).
+WARP_APPEND_ELEMENTS = 8
+
+
+def _warp_append_ptx(n: int) -> str:
+    """PTX that appends a warp's taken pairs with one atomic add (NVIDIA only). A thread
+    passes ``n`` elements: per element register, the warp's ballot gives each taken
+    element its place among the warp's (the lanes below it), the ``n`` ballots' counts
+    stack them, lane 0 reserves the warp's total on the row's counter and broadcasts the
+    base, and each taken pair below the capacity is stored there. Operands: ``n`` dummy
+    results, then ``n`` each of: taken, the pairs' high words (keys), their low words,
+    the row's candidate buffer, its counter, the capacity. The ballots, the atomic and
+    the stores are one statement with no result in use, so that Triton neither
+    duplicates it into a second layout (each copy would add to the counter) nor drops
+    it."""
+    taken, high, low, row, counter, capacity = (n * (1 + i) for i in range(6))
+    regs = lambda name: ", ".join(f"{name}{e}" for e in range(n))  # noqa: E731
+    lines = ["{", f".reg .pred {regs('p')}, first, q;",
+             f".reg .b32 {regs('b')}, lt, total, base, part, pos;", ".reg .b64 addr;"]
+    lines += [f"setp.ne.u32 p{e}, ${taken + e}, 0;" for e in range(n)]
+    lines += [f"vote.sync.ballot.b32 b{e}, p{e}, 0xffffffff;" for e in range(n)]
+    lines += ["mov.u32 lt, %lanemask_lt;", "mov.u32 total, 0;"]
+    for e in range(n):
+        lines += [f"popc.b32 part, b{e};", "add.u32 total, total, part;"]
+    lines += ["mov.u32 base, 0;", "setp.eq.u32 first, lt, 0;",
+              "setp.ne.and.u32 first, total, 0, first;",
+              f"@first atom.global.relaxed.gpu.add.u32 base, [${counter}], total;",
+              "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;"]
+    for e in range(n):
+        lines += [f"and.b32 part, b{e}, lt;", "popc.b32 part, part;", "add.u32 pos, base, part;",
+                  f"setp.lt.and.u32 q, pos, ${capacity + e}, p{e};",
+                  f"mad.wide.u32 addr, pos, 8, ${row + e};",
+                  f"@q st.global.v2.b32 [addr], {{${low + e}, ${high + e}}};",
+                  f"popc.b32 part, b{e};", "add.u32 base, base, part;"]
+    lines += [f"mov.b32 ${e}, 0;" for e in range(n)] + ["}"]
+    return "\n".join(lines)
+
+
+_WARP_APPEND_PTX = tl.constexpr(_warp_append_ptx(WARP_APPEND_ELEMENTS))
+_WARP_APPEND_CONSTRAINTS = tl.constexpr(",".join(
+    ["=r"] * WARP_APPEND_ELEMENTS + ["r"] * (3 * WARP_APPEND_ELEMENTS)
+    + ["l"] * (2 * WARP_APPEND_ELEMENTS) + ["r"] * WARP_APPEND_ELEMENTS))
+_WARP_APPEND_PACK = tl.constexpr(WARP_APPEND_ELEMENTS)
 
 
 @triton.jit
@@ -196,15 +115,15 @@ def _warp_append(take, key, low, cand_row_ptr, counter_ptr, capacity):
     """Appends the taken pairs ``(key, low)`` of a block to ``cand_row`` at positions
     reserved on ``*counter_ptr``, each warp with one atomic add per eight elements a
     thread (the order among them is the warps' and lanes', not the columns'); pairs at
-    positions from ``capacity`` on are counted, not stored. For blocks of a multiple of 8
-    elements a thread (at least 256 a warp). Not for the interpreter."""
+    positions from ``capacity`` on are counted, not stored. For blocks of a multiple of
+    ``WARP_APPEND_ELEMENTS`` elements a thread. Not for the interpreter."""
     zeros = tl.zeros(take.shape, tl.int64)
     tl.inline_asm_elementwise(
         _WARP_APPEND_PTX, _WARP_APPEND_CONSTRAINTS,
         [take.to(tl.int32), key.to(tl.int32, bitcast=True), low.to(tl.int32, bitcast=True),
          zeros + cand_row_ptr.to(tl.int64), zeros + counter_ptr.to(tl.int64),
          zeros.to(tl.int32) + capacity],
-        dtype=tl.int32, is_pure=False, pack=8)
+        dtype=tl.int32, is_pure=False, pack=_WARP_APPEND_PACK)
 
 
 @triton.constexpr_function
