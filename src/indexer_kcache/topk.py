@@ -240,6 +240,8 @@ def _check_lengths(lengths: torch.Tensor | None, logits: torch.Tensor) -> None:
 
 def _check_backend(backend: str | None, logits: torch.Tensor, k: int) -> str:
     """The backend that runs the call, and ``k`` within what it takes."""
+    if backend is not None and not isinstance(backend, str):  # as the op's option check
+        checks.fail_type("backend", "a str or None", checks.type_name(backend))
     backend = checks.resolve_backend(backend, logits.device)
     if backend == "triton" and min(k, logits.shape[1]) > MAX_SORTED:
         fail_unsupported("k", f"min(k, cols) <= {MAX_SORTED} with the Triton backend "
