@@ -563,7 +563,7 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
             (kernel.arg_names.index(name),): value for name, value in constexprs.items()})
         if target.backend == "cuda":
             options.update(enable_fp_fusion=False, launch_pdl=bool(constexprs.get("USE_PDL")))
-        triton.compile(src, target=target, options=options)
+        return triton.compile(src, target=target, options=options)
 
     base = dict(COMPRESS_RATIO=2, USE_FP4=True, MX_SCALES=False, LAYOUT=0, N_PER_TILE=0,
                 D_PER_TILE=0, SCALE_LANES=0, BLOCK_SIZE=64, BLOCK_T=16, EAGER_LOADS=False,
@@ -643,8 +643,8 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                  dict(constexprs, Q_FORM=0, USE_FP4=use_fp4, RELU_BY_ABS=False, HINT_TILES=0,
                       USE_PDL=0), SM89, num_warps=4, num_stages=6)
     # The top-k's kernels, the candidates bucketed by the filter, on every target.
-    from indexer_kcache.kernels.topk import (topk_filter_kernel, topk_sample_kernel,
-                                             topk_select_kernel)
+    from indexer_kcache.kernels.topk import (WARP_APPEND_ELEMENTS, topk_filter_kernel,
+                                             topk_sample_kernel, topk_select_kernel)
 
     # NVIDIA sm_80 (A100) too: no native e4m3 conversions (integer ones), no dependent
     # launch, the scorer's float32 dots; what the settings choose there.
@@ -665,11 +665,17 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                  dict(common, BLOCK=1024, BUCKETS=4096, WARP_APPEND=False), target,
                  num_warps=4)
         if target.backend == "cuda":  # each warp appending its own candidates (inline PTX)
-            compile_(topk_filter_kernel, dict(rows, split_cols="i32", threshold_ptr="*i32",
-                                              cand_ptr="*i64", cand_count_ptr="*i32",
-                                              capacity="i32", meta_ptr="*i64",
-                                              counts_ptr="*i32", cand_slot_ptr="*i32"),
-                     dict(common, BLOCK=1024, BUCKETS=0, WARP_APPEND=True), target, num_warps=4)
+            kernel = compile_(topk_filter_kernel,
+                              dict(rows, split_cols="i32", threshold_ptr="*i32", cand_ptr="*i64",
+                                   cand_count_ptr="*i32", capacity="i32", meta_ptr="*i64",
+                                   counts_ptr="*i32", cand_slot_ptr="*i32"),
+                              dict(common, BLOCK=1024, BUCKETS=0, WARP_APPEND=True), target,
+                              num_warps=4)
+            # One copy of the statement in the step loop: a copy Triton made for a second
+            # layout would add to the row's counter again.
+            ballots = kernel.asm["ptx"].count("vote.sync.ballot")
+            if ballots != WARP_APPEND_ELEMENTS:
+                raise AssertionError(f"{target}: {ballots} ballots in the warp-append filter")
     for target, pdl in targets:
         compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
                                           cand_count_ptr="*i32", capacity="i32",
