@@ -710,6 +710,27 @@ def test_issue_shapes_k_2048(rows, cols, kind, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split_steps", [1, 3], ids=["1-step", "3-steps"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["normal", "specials", "few-distinct"])
+def test_warp_append_filter_on_odd_rows(kind, dtype, split_steps):
+    """Filter steps of 1024 columns at four warps: on NVIDIA each warp appends its own
+    candidates (``WARP_APPEND``), here with rows that end inside a step and lengths that
+    cut steps anywhere; the candidates are exactly the row's and fit the buffer."""
+    g = generator(7)
+    cols, k = 5000, 100
+    logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=7)
+    lengths = torch.tensor([cols, 1500, 4999], dtype=torch.int32, device=DEVICE)
+    settings = small_split_settings(k, cols, step=1024, split_steps=split_steps,
+                                    bucket_in_filter=False)
+    buffers = {}
+    check(logits, k, lengths, settings, buffers)
+    if kind != "few-distinct":  # (ties at the threshold may overflow the buffer: exact anyway)
+        assert usable(buffers, settings, torch.tensor([k, k, k])).all()
+    check(logits, k, random_lengths(3, cols, g), settings)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_capture():
     logits = make_logits("normal", 64, 65536, torch.float32)
     lengths = torch.randint(0, 65536, (64,), dtype=torch.int32, device=DEVICE)
