@@ -658,17 +658,14 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                                           counts_ptr="*i32"),
                  dict(common, CHUNK=32, SAMPLE_BLOCK=1024, BITS=16, DIGIT_BITS=1, BUCKETS=4096),
                  target, num_warps=4)
-        compile_(topk_filter_kernel, dict(rows, split_cols="i32", threshold_ptr="*i32",
-                                          cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32",
-                                          meta_ptr="*i64", counts_ptr="*i32",
-                                          cand_slot_ptr="*i32"),
+        filter_signature = dict(rows, split_cols="i32", threshold_ptr="*i32", cand_ptr="*i64",
+                                cand_count_ptr="*i32", capacity="i32", meta_ptr="*i64",
+                                counts_ptr="*i32", cand_slot_ptr="*i32")
+        compile_(topk_filter_kernel, filter_signature,
                  dict(common, BLOCK=1024, BUCKETS=4096, WARP_APPEND=False), target,
                  num_warps=4)
         if target.backend == "cuda":  # each warp appending its own candidates (inline PTX)
-            kernel = compile_(topk_filter_kernel,
-                              dict(rows, split_cols="i32", threshold_ptr="*i32", cand_ptr="*i64",
-                                   cand_count_ptr="*i32", capacity="i32", meta_ptr="*i64",
-                                   counts_ptr="*i32", cand_slot_ptr="*i32"),
+            kernel = compile_(topk_filter_kernel, filter_signature,
                               dict(common, BLOCK=1024, BUCKETS=0, WARP_APPEND=True), target,
                               num_warps=4)
             # One copy of the statement in the step loop: a copy Triton made for a second

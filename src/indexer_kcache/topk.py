@@ -388,9 +388,12 @@ def top_k_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = N
     if logits.dim() != 2:
         fail_value("logits", "a 2-d tensor [rows, cols]", f"shape {tuple(logits.shape)}")
     if out is None:
-        # The other arguments first: a bad one is named, not an allocation of rows x k.
-        _check_lengths(lengths, logits)
-        _check_backend(backend, logits, k)
+        if k > logits.shape[1]:
+            # A result wider than the logits: the other arguments first, so that a bad one
+            # is named, not a failed allocation of rows x k. (No wider than the logits, it
+            # is left to the op's checks: these would cost every eager call again.)
+            _check_lengths(lengths, logits)
+            _check_backend(backend, logits, k)
         out = torch.empty((logits.shape[0], k), dtype=torch.int32, device=logits.device)
     elif isinstance(out, torch.Tensor) and tuple(out.shape) != (logits.shape[0], k):
         fail_value("out", f"shape [rows, k] = [{logits.shape[0]}, {k}]", f"shape {tuple(out.shape)}")

@@ -81,9 +81,10 @@ def _warp_append_ptx(n: int) -> str:
     duplicates it into a second layout (each copy would add to the counter) nor drops
     it."""
     taken, high, low, row, counter, capacity = (n * (1 + i) for i in range(6))
-    regs = lambda name: ", ".join(f"{name}{e}" for e in range(n))  # noqa: E731
-    lines = ["{", f".reg .pred {regs('p')}, first, q;",
-             f".reg .b32 {regs('b')}, lt, total, base, part, pos;", ".reg .b64 addr;"]
+    predicates = ", ".join(f"p{e}" for e in range(n))
+    ballots = ", ".join(f"b{e}" for e in range(n))
+    lines = ["{", f".reg .pred {predicates}, first, q;",
+             f".reg .b32 {ballots}, lt, total, base, part, pos;", ".reg .b64 addr;"]
     lines += [f"setp.ne.u32 p{e}, ${taken + e}, 0;" for e in range(n)]
     lines += [f"vote.sync.ballot.b32 b{e}, p{e}, 0xffffffff;" for e in range(n)]
     lines += ["mov.u32 lt, %lanemask_lt;", "mov.u32 total, 0;"]
@@ -435,6 +436,7 @@ def topk_filter_kernel(
         key_shift = (tl.load(meta_ptr + row * 4 + 1) - 32).to(tl.uint32)
     row_ptr = logits_ptr + row * row_stride
     cand_row_ptr = cand_ptr + row * capacity
+    counter_ptr = cand_count_ptr + row * COUNTER_STRIDE
     start = split.to(tl.int64) * split_cols
     end = tl.minimum(start + split_cols, n)
     offsets = tl.arange(0, BLOCK)
@@ -445,8 +447,8 @@ def topk_filter_kernel(
         key = _keys_of_raw(raw, IS_BF16)
         take = live & (key >= threshold)
         if WARP_APPEND:
-            _warp_append(take, key, ~(block + offsets).to(tl.uint32), cand_row_ptr,
-                         cand_count_ptr + row * COUNTER_STRIDE, capacity)
+            _warp_append(take, key, ~(block + offsets).to(tl.uint32), cand_row_ptr, counter_ptr,
+                         capacity)
         else:
             taken = tl.sum(take.to(tl.int32), 0)
             if taken > 0:
@@ -457,8 +459,7 @@ def topk_filter_kernel(
                     bucket = _bucket_of_key(key, top_key, key_shift, BUCKETS)
                     slot = tl.atomic_add(counts_ptr + row * (2 * BUCKETS) + bucket,
                                          tl.full([BLOCK], 1, tl.int32), mask=take, sem="relaxed")
-                base = tl.atomic_add(cand_count_ptr + row * COUNTER_STRIDE, taken,
-                                     sem="relaxed")
+                base = tl.atomic_add(counter_ptr, taken, sem="relaxed")
                 position = base + _positions(take, BLOCK)
                 kept = take & (position < capacity)
                 if BUCKETS > 0:
