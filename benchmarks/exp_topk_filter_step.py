@@ -3,7 +3,7 @@ at once, with one atomic) at 1024 (the default, four warps, one or two steps a p
 against larger steps with more warps (2048 at four warps, 4096 at eight, 8192 at
 sixteen, one step a program), so that each program has more bytes in flight and fewer
 round trips (block-wide sum, atomic, scan) per byte. A larger step means fewer filter
-programs: each variant also takes the bucketing and dependent-launch choices the settings
+programs: each variant also takes the dependent-launch choice the settings
 make for its program count. CUDA-graph replay, the variants alternated three times,
 medians; every result checked against the reference.
 
@@ -32,7 +32,6 @@ def variants_for(rows: int):
             programs = rows * splits
             found[f"step {step} w{warps}"] = default._replace(
                 step=step, filter_warps=warps, split_steps=1, splits=splits,
-                bucket_in_filter=programs <= topk.BUCKET_IN_FILTER_MAX_PROGRAMS,
                 pdl=topk.PDL_EARLY if programs <= topk.PDL_MAX_PROGRAMS else topk.PDL_AT_EXIT)
         return found
     return variants

@@ -16,9 +16,10 @@
 
 Candidate settings: ``default`` is ``topk_settings``' choice; the others change one thing
 of it (``sampled``: short rows through the sample and filter kernels; ``direct``: rows up
-to 8192 columns ranked whole; ``select-buckets``/``filter-buckets``: the candidates
-counted into their buckets by the other kernel than the default's; ``sample-x2``/``-x4``:
-a sample two or four times larger).
+to 8192 columns ranked whole; ``select-kernel``/``count-and-place``: the candidates
+counted into their buckets and placed by the other kernels than the default's;
+``place-<part>-w<warps>``: the count and place kernels at other sizes;
+``sample-x2``/``-x4``: a sample two or four times larger).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
 "bytes", ...}``) and ``topk_gpu.txt`` to ``$OUT`` when it is set; prints a table last.
@@ -98,8 +99,8 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         other_warps = 16 if base.select_warps < 16 else 8
         other_chunk = 2 * topk.RANK_CHUNK
         variants = [
-            ("select-buckets" if base.bucket_in_filter else "filter-buckets",
-             dict(bucket_in_filter=not base.bucket_in_filter)),
+            ("select-kernel", dict(place_part=0)) if base.place_part else
+            ("count-and-place", dict(place_part=min(topk.PLACE_PART, base.block))),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
             (f"select-w{other_warps}", dict(select_warps=other_warps)),
             ("select-w32", dict(select_warps=32)),
@@ -107,6 +108,11 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
             (f"chunk{other_chunk}", dict(chunk=other_chunk)),
             ("sample-2-bits", dict(sample_digit_bits=2)),
         ]
+        # The count and place kernels at other sizes (programs a row, warps).
+        for part, warps in ((1024, 4), (256, 4), (512, 2)):
+            if part < base.block:
+                variants.append((f"place-{part}-w{warps}",
+                                 dict(place_part=part, place_warps=warps)))
         # A larger sample: a threshold closer to the k-th value, fewer candidates to order.
         for times in (2, 4):
             if base.sample_block * times <= topk.MAX_SAMPLE:

@@ -642,8 +642,10 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
         compile_(paged_mqa_logits_kernel, dict(pointers, **scalars, q_ptr="*i16"),
                  dict(constexprs, Q_FORM=0, USE_FP4=use_fp4, RELU_BY_ABS=False, HINT_TILES=0,
                       USE_PDL=0), SM89, num_warps=4, num_stages=6)
-    # The top-k's kernels, the candidates bucketed by the filter, on every target.
-    from indexer_kcache.kernels.topk import (WARP_APPEND_ELEMENTS, topk_filter_kernel,
+    # The top-k's kernels on every target: the candidates placed by the count and place
+    # kernels (the filter tracking each row's largest key), or by the select kernel.
+    from indexer_kcache.kernels.topk import (WARP_APPEND_ELEMENTS, topk_count_kernel,
+                                             topk_filter_kernel, topk_place_kernel,
                                              topk_sample_kernel, topk_select_kernel)
 
     # NVIDIA sm_80 (A100) too: no native e4m3 conversions (integer ones), no dependent
@@ -654,19 +656,17 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
     for target, pdl in targets:
         common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=pdl)
         compile_(topk_sample_kernel, dict(rows, k="i32", sample_stride="i32", threshold_ptr="*i32",
-                                          cand_count_ptr="*i32", meta_ptr="*i64",
-                                          counts_ptr="*i32"),
-                 dict(common, CHUNK=32, SAMPLE_BLOCK=1024, BITS=16, DIGIT_BITS=1, BUCKETS=4096),
-                 target, num_warps=4)
+                                          cand_count_ptr="*i32", counts_ptr="*i32"),
+                 dict(common, CHUNK=32, SAMPLE_BLOCK=1024, BITS=16, DIGIT_BITS=1,
+                      ZERO_BUCKETS=4096), target, num_warps=4)
         filter_signature = dict(rows, split_cols="i32", threshold_ptr="*i32", cand_ptr="*i64",
-                                cand_count_ptr="*i32", capacity="i32", meta_ptr="*i64",
-                                counts_ptr="*i32", cand_slot_ptr="*i32")
+                                cand_count_ptr="*i32", capacity="i32")
         compile_(topk_filter_kernel, filter_signature,
-                 dict(common, BLOCK=1024, BUCKETS=4096, WARP_APPEND=False), target,
+                 dict(common, BLOCK=1024, WARP_APPEND=False, TRACK_MAX=True), target,
                  num_warps=4)
         if target.backend == "cuda":  # each warp appending its own candidates (inline PTX)
             kernel = compile_(topk_filter_kernel, filter_signature,
-                              dict(common, BLOCK=1024, BUCKETS=0, WARP_APPEND=True), target,
+                              dict(common, BLOCK=1024, WARP_APPEND=True, TRACK_MAX=True), target,
                               num_warps=4)
             # One copy of the statement in the step loop: a copy Triton made for a second
             # layout would add to the row's counter again.
@@ -674,14 +674,21 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
             if ballots != WARP_APPEND_ELEMENTS:
                 raise AssertionError(f"{target}: {ballots} ballots in the warp-append filter")
     for target, pdl in targets:
-        compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", cand_ptr="*i64",
-                                          cand_count_ptr="*i32", capacity="i32",
-                                          cand_slot_ptr="*i32", scratch_ptr="*i64",
-                                          counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
-                                          out_row_stride="i32"),
-                 dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BUCKETED=True,
-                      BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=pdl), target,
-                 num_warps=8)
+        candidates = dict(cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32")
+        placed = dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
+                      out_row_stride="i32")
+        compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", **candidates, **placed),
+                 dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BLOCK=4096,
+                      STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=pdl), target, num_warps=8)
+        compile_(topk_count_kernel, dict(rows, k="i32", low_skip="i32", threshold_ptr="*i32",
+                                         **candidates, cand_slot_ptr="*i32", counts_ptr="*i32",
+                                         meta_ptr="*i64"),
+                 dict(IS_BF16=False, HAS_LENGTHS=True, BLOCK=4096, PART=512, RADIX_BITS=8,
+                      USE_PDL=pdl), target, num_warps=4)
+        compile_(topk_place_kernel, dict(cols="i32", lengths_ptr="*i32", k="i32", **candidates,
+                                         cand_slot_ptr="*i32", **placed),
+                 dict(HAS_LENGTHS=True, BLOCK=4096, PART=512, USE_PDL=pdl), target,
+                 num_warps=4)
         compile_(topk_rank_kernel, dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64",
                                         out_ptr="*i32", out_row_stride="i32"),
                  dict(BLOCK=4096, CHUNK=128, WIDTH=4, USE_PDL=min(pdl, 1)), target, num_warps=4)

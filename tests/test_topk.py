@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from indexer_kcache import topk
-from indexer_kcache.kernels.topk import MAX_TOP_BUCKET
 from indexer_kcache.reference import topk as reference
 
 from .cases import DEVICE
@@ -127,7 +126,7 @@ def small_split_settings(k, cols, step=256, split_steps=4, **changes) -> topk.To
     base = topk.TopKSettings(splits=-(-cols // (step * split_steps)), step=step, filter_warps=4,
                              sample_block=256, block=max(8 * block, 256), select_warps=4,
                              radix_bits=4, stream_block=512, chunk=64, split_steps=split_steps,
-                             bucket_in_filter=True)
+                             place_part=64)
     return base._replace(**changes)
 
 
@@ -144,10 +143,9 @@ def sampled_columns(cols: int, settings: topk.TopKSettings) -> torch.Tensor:
     return torch.arange(cols, device=DEVICE) % stride < topk.SAMPLE_CHUNK
 
 
-def placed_over_the_sample_range(buffers) -> torch.Tensor:
-    """Per row: whether the select kernel kept the filter's buckets, whose range starts at
-    a pair with low word all ones (the sample's largest key), not at the largest pair."""
-    return (buffers["meta"][:, 0].cpu() & 0xFFFFFFFF) == 0xFFFFFFFF
+# Who counts the candidates into their buckets and places them: the select kernel (a
+# program a row), or the count and place kernels (16 programs a row at these sizes).
+PLACEMENTS = {"select-kernel": dict(place_part=0), "count-and-place": dict(place_part=64)}
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -290,19 +288,17 @@ def test_ranking_a_crowded_bucket_past_the_rank_grid(chunk):
 
 
 # ----------------------------------------------------------------------------- long rows
-@pytest.mark.parametrize("bucket_in_filter", [True, False],
-                         ids=["filter-buckets", "select-buckets"])
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("split_steps", [1, 3], ids=["1-step", "3-steps"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "magnitudes", "specials"])
-def test_long_rows_through_candidates(kind, dtype, split_steps, bucket_in_filter):
+def test_long_rows_through_candidates(kind, dtype, split_steps, placement):
     g = generator(6)
     cols, k = 3000, 100
     logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=6)
     lengths = torch.tensor([cols, 2000, 2999], dtype=torch.int32, device=DEVICE)
     buffers = {}
-    settings = small_split_settings(k, cols, split_steps=split_steps,
-                                    bucket_in_filter=bucket_in_filter)
+    settings = small_split_settings(k, cols, split_steps=split_steps, **PLACEMENTS[placement])
     check(logits, k, lengths, settings, buffers)
     assert usable(buffers, settings, torch.tensor([k, k, k])).all()  # no fallback
     check(logits, k, random_lengths(3, cols, g), settings)
@@ -339,15 +335,14 @@ def test_sample_threshold_is_the_sampled_key(digit_bits, short_rows):
         assert int(got[row]) == int(want), (row, n)
 
 
-@pytest.mark.parametrize("bucket_in_filter", [True, False],
-                         ids=["filter-buckets", "select-buckets"])
-def test_long_rows_overflowing_the_candidates(bucket_in_filter):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_long_rows_overflowing_the_candidates(placement):
     """Rows of equal values: every column reaches the threshold; the select kernel finds
     the top k in the row itself."""
     cols, k = 3000, 100
     logits = make_logits("all-equal", 2, cols, torch.float32)
     buffers = {}
-    settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
+    settings = small_split_settings(k, cols, **PLACEMENTS[placement])
     check(logits, k, None, settings, buffers)
     assert (buffers["cand_count"].cpu() > settings.block).all()
 
@@ -378,13 +373,12 @@ def test_long_rows_whose_candidates_fit_the_block_or_not():
         assert usable(buffers, settings, torch.full((4,), k)).eq(ranked).all()
 
 
-@pytest.mark.parametrize("bucket_in_filter", [True, False],
-                         ids=["filter-buckets", "select-buckets"])
-def test_long_rows_whose_sample_misleads(bucket_in_filter):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_long_rows_whose_sample_misleads(placement):
     """The sample sees only large values, the row has few: fewer candidates than k, so
     the select kernel reads the row itself."""
     cols, k = 3000, 300
-    settings = small_split_settings(k, cols, sample_block=64, bucket_in_filter=bucket_in_filter)
+    settings = small_split_settings(k, cols, sample_block=64, **PLACEMENTS[placement])
     logits = make_logits("normal", 2, cols, torch.float32)
     logits[:, sampled_columns(cols, settings)] += 100  # exactly the sampled columns
     buffers = {}
@@ -393,16 +387,14 @@ def test_long_rows_whose_sample_misleads(bucket_in_filter):
 
 
 @pytest.mark.parametrize("extra", [20, 200], ids=["few", "crowded"])
-@pytest.mark.parametrize("bucket_in_filter", [True, False],
-                         ids=["filter-buckets", "select-buckets"])
-def test_long_rows_larger_than_the_sample_saw(bucket_in_filter, extra):
-    """The filter's bucket range ends at the sample's largest pair: the row's larger
-    values, in columns the sample skips, all fall in bucket 0 and are ranked exactly
-    among themselves (also when tied with each other or with the sample's largest key).
-    With more of them than MAX_TOP_BUCKET, the select kernel places the candidates over
-    their own range instead (a crowded bucket costs the square of its size)."""
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_long_rows_larger_than_the_sample_saw(placement, extra):
+    """The row's largest values in columns the sample skips (also tied with each other or
+    with the sample's largest key): the bucket range starts at the row's largest
+    candidate, wherever the sample's largest lies, so they spread over the buckets and
+    rank exactly."""
     cols, k = 3000, 300
-    settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
+    settings = small_split_settings(k, cols, **PLACEMENTS[placement])
     logits = make_logits("normal", 3, cols, torch.float32, seed=18)
     sampled = sampled_columns(cols, settings)
     # The row's own values above its sample's largest (which the seed decides, tens of them
@@ -417,18 +409,20 @@ def test_long_rows_larger_than_the_sample_saw(bucket_in_filter, extra):
     buffers = {}
     check(logits, k, None, settings, buffers)
     assert usable(buffers, settings, torch.full((3,), k)).all()
-    kept = placed_over_the_sample_range(buffers)
-    assert kept.eq(bucket_in_filter and extra <= MAX_TOP_BUCKET.value).all(), kept
+    if placement == "count-and-place":  # the range's top: the row's largest candidate key
+        count, cand = buffers["cand_count"].cpu(), buffers["cand"].cpu()
+        for row in range(3):
+            largest = (cand[row, :count[row]] >> 32 & 0xFFFFFFFF).max()
+            assert buffers["meta"][row, 0].cpu() >> 32 & 0xFFFFFFFF == largest
 
 
-@pytest.mark.parametrize("bucket_in_filter", [True, False],
-                         ids=["filter-buckets", "select-buckets"])
-def test_long_rows_of_candidates_a_few_keys_apart(bucket_in_filter):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_long_rows_of_candidates_a_few_keys_apart(placement):
     """Candidates whose keys all lie within fewer than ``block`` steps of the threshold:
     the bucket range is at its narrowest (shift 32: a bucket per key), ties broken by
     column within a bucket."""
     cols, k = 3000, 300
-    settings = small_split_settings(k, cols, bucket_in_filter=bucket_in_filter)
+    settings = small_split_settings(k, cols, **PLACEMENTS[placement])
     g = generator(19)
     one = 0x3F800000  # 1.0f: its key's low 16 bits are zero, as the threshold's are
     top = settings.block // 2 - 1
@@ -443,9 +437,8 @@ def test_long_rows_of_candidates_a_few_keys_apart(bucket_in_filter):
     buffers = {}
     check(logits, k, None, settings, buffers)
     assert usable(buffers, settings, torch.full((2,), k)).all()
-    if bucket_in_filter:
-        assert placed_over_the_sample_range(buffers).all()
-        assert (buffers["meta"][:, 1].cpu() == 32).all()
+    if placement == "count-and-place":  # a bucket per key or finer, from the row's largest
+        assert (buffers["meta"][:, 1].cpu() <= 32).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -519,8 +512,10 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         expected = topk.expected_candidates(cols, k, s.sample_block)
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
-    # The filter buckets the candidates only while its programs are few.
-    assert s.bucket_in_filter == (0 < rows * s.splits <= topk.BUCKET_IN_FILTER_MAX_PROGRAMS)
+    # Short launches count and place their candidates over several programs a row.
+    short = rows * cols < topk.FILTER_STEPS_FROM
+    assert s.place_part == (min(topk.PLACE_PART, s.block) if s.splits and short else 0)
+    assert s.place_part == 0 or s.block % s.place_part == 0
     # Early release only while the filter's programs leave SMs free.
     if s.splits:
         early = rows * s.splits <= topk.PDL_MAX_PROGRAMS
@@ -537,13 +532,14 @@ def test_dependent_launch_rule_at_the_bench_shapes():
         assert topk.topk_settings(rows, cols, 2048, interpreted=False).pdl == mode
 
 
-def test_filter_buckets_rule_at_the_bench_shapes():
-    """Only a filter of few programs (one row of 131072: 128) buckets the candidates."""
-    expected = {(1, 131072): True, (64, 8192): False, (64, 65536): False,
-                (128, 65536): False, (512, 8192): False, (1, 262144): False}
-    for (rows, cols), bucket_in_filter in expected.items():
+def test_count_and_place_rule_at_the_bench_shapes():
+    """Short launches (one row of 131072, 64 x 8192) count and place their candidates over
+    several programs a row; from 4M elements the select kernel places them."""
+    expected = {(1, 131072): 512, (64, 8192): 512, (64, 65536): 0, (128, 65536): 0,
+                (512, 8192): 0, (1, 262144): 512, (4, 4096): 0}
+    for (rows, cols), part in expected.items():
         s = topk.topk_settings(rows, cols, 2048, interpreted=False)
-        assert s.bucket_in_filter == bucket_in_filter, (rows, cols)
+        assert s.place_part == part, (rows, cols)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["none", "early", "at-exit"])
@@ -554,14 +550,23 @@ def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
     plan = topk.check_topk(topk.top_k_indices_into.op.bind(
         logits, None, torch.empty(2, 300, dtype=torch.int32)))
     settings = topk.topk_settings(2, 9000, 300, interpreted=False)._replace(pdl=mode)
-    sample, filter_, _, select, (rank, _) = topk._launches(plan, settings)
-    for launch in (sample, filter_, select, rank):
-        assert launch.state.fixed["USE_PDL"] == topk.PDL_NONE
-        assert "launch_pdl" not in launch.state.launch_options
+    for place_part in (0, 64):  # the select kernel, or the count and place kernels
+        settings = settings._replace(place_part=place_part)
+        launches = topk._launches(plan, settings)
+        kernels = [launch for launch in launches if callable(launch)]
+        assert len(kernels) == (5 if place_part else 4)
+        for launch in kernels:
+            assert launch.state.fixed["USE_PDL"] == topk.PDL_NONE
+            assert "launch_pdl" not in launch.state.launch_options
     monkeypatch.setattr(topk, "pdl_supported", lambda device: True)
     gpu_plan = dataclasses.replace(plan, device=torch.device("cuda", 0), launches={})
-    sample, filter_, _, select, (rank, _) = topk._launches(gpu_plan, settings)
-    for launch in (sample, filter_, select, rank):
+    for place_part in (0, 64):
+        launches = topk._launches(gpu_plan, settings._replace(place_part=place_part))
+        check_pdl_mode([launch for launch in launches if callable(launch)], mode)
+
+
+def check_pdl_mode(kernels, mode):
+    for launch in kernels:
         assert launch.state.fixed["USE_PDL"] == mode
         assert launch.state.launch_options.get("launch_pdl", False) == (mode != topk.PDL_NONE)
 
@@ -713,7 +718,8 @@ def test_issue_shapes_k_2048(rows, cols, kind, dtype):
 @pytest.mark.parametrize("split_steps", [1, 3], ids=["1-step", "3-steps"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "specials", "few-distinct"])
-def test_warp_append_filter_on_odd_rows(kind, dtype, split_steps):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_warp_append_filter_on_odd_rows(placement, kind, dtype, split_steps):
     """Filter steps of 1024 columns at four warps: on NVIDIA each warp appends its own
     candidates (``WARP_APPEND``), here with rows that end inside a step and lengths that
     cut steps anywhere; the candidates are exactly the row's and fit the buffer."""
@@ -722,7 +728,7 @@ def test_warp_append_filter_on_odd_rows(kind, dtype, split_steps):
     logits = make_logits(kind, 3, cols, DTYPES[dtype], seed=7)
     lengths = torch.tensor([cols, 1500, 4999], dtype=torch.int32, device=DEVICE)
     settings = small_split_settings(k, cols, step=1024, split_steps=split_steps,
-                                    bucket_in_filter=False)
+                                    **PLACEMENTS[placement])
     buffers = {}
     check(logits, k, lengths, settings, buffers)
     if kind != "few-distinct":  # (ties at the threshold may overflow the buffer: exact anyway)

@@ -29,11 +29,13 @@ from .checks import (
 )
 from .kernels import INTERPRETED
 from .kernels.topk import (
-    COUNTER_STRIDE,
+    COUNTER_ROW,
     MARGIN_EXTRA,
     MARGIN_SIGMAS,
     WARP_APPEND_ELEMENTS,
+    topk_count_kernel,
     topk_filter_kernel,
+    topk_place_kernel,
     topk_rank_kernel,
     topk_sample_kernel,
     topk_select_kernel,
@@ -49,6 +51,8 @@ __all__ = ["TopKPlan", "TopKSettings", "check_topk", "launch_topk", "lengths_fro
 SAMPLE_KERNEL = Kernel(topk_sample_kernel)
 FILTER_KERNEL = Kernel(topk_filter_kernel)
 SELECT_KERNEL = Kernel(topk_select_kernel)
+COUNT_KERNEL = Kernel(topk_count_kernel)
+PLACE_KERNEL = Kernel(topk_place_kernel)
 RANK_KERNEL = Kernel(topk_rank_kernel)
 
 LOGITS_DTYPES = (torch.float32, torch.bfloat16)
@@ -75,11 +79,11 @@ RADIX_BITS = 8
 RANK_CHUNK = 128  # pairs ranked per program (BENCHMARKS.md, "The rank kernel's chunk")
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
-# The filter kernel buckets the candidates (bucket_in_filter) while it has at most this
-# many programs: then they run at once and the select kernel's atomics were the longer
-# chain; with more, every column pays for the filter's bucketing (measured in
-# BENCHMARKS.md).
-BUCKET_IN_FILTER_MAX_PROGRAMS = 128
+# A short launch's candidates are counted into their buckets and placed by the count and
+# place kernels, this many a program (several programs a row), instead of by the select
+# kernel (one program a row); measured in BENCHMARKS.md.
+PLACE_PART = 512
+PLACE_WARPS = 4
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
 # measured in BENCHMARKS.md.
@@ -103,14 +107,15 @@ class TopKSettings(NamedTuple):
     sample_digit_bits: int = 1  # bits of the sample's threshold decided per pass
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
     sample_warps: int = 0  # the sample kernel's warps; 0: see MAX_SAMPLE_WARPS
-    # The filter kernel counts its candidates into the select kernel's buckets (their
-    # range set by the sample kernel), so that the select kernel places them without
-    # atomics (with splits only; see topk_settings).
-    bucket_in_filter: bool = False
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
     # previous one runs and waits for it on the GPU, hiding the launches' latency.
     # PDL_NONE, PDL_EARLY or PDL_AT_EXIT (kernels.dependent_launch).
     pdl: int = 0
+    # Candidates a program of the count and place kernels, which then count the candidates
+    # into their buckets and place them (block // place_part programs a row each) instead
+    # of the select kernel (one program a row); 0: the select kernel (with splits only).
+    place_part: int = 0
+    place_warps: int = PLACE_WARPS
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -145,22 +150,22 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``, 1024 under the
     interpreter) wide are read once by the select kernel and ranked whole. Longer rows
     are sampled (enough columns to expect ``SAMPLE_HITS`` of the top k), then filtered
-    ``FILTER_STEP`` columns a step, one atomic add a step (each warp's own on NVIDIA where
-    the filter does not bucket, else the program's): one step a program for fewer than
-    ``FILTER_STEPS_FROM`` elements
+    ``FILTER_STEP`` columns a step, one atomic add a step (each warp's own on NVIDIA, else
+    the program's): one step a program for fewer than ``FILTER_STEPS_FROM`` elements
     (many small programs), ``FILTER_STEPS`` from there (each step's load in flight while
-    the step before waits for its atomics); the select and rank kernels order the
-    candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
+    the step before waits for its atomics); the select (or count and place) and rank
+    kernels order the candidates (about 1.4 times ``min(k, cols)`` for rows without long runs of equal
     values; more for a small sample of a long row) in a block with room for 1.25 times
     the count the sample's rank predicts, and at least twice ``min(k, cols)``. Long rows
     on a GPU use programmatic dependent launch where the GPU has it: each kernel released
     early while the filter has at most ``PDL_MAX_PROGRAMS`` programs, else as the previous
     one's programs exit (rows read whole, and the interpreter, launch plainly). A short
-    launch (fewer than ``FILTER_STEPS_FROM`` elements) selects with fewer warps: its time
-    is the chain of its kernels' steps, not their throughput (measured: BENCHMARKS.md, "The
-    top-k"). The rank kernel takes ``RANK_CHUNK`` pairs a program. The filter kernel
-    buckets the candidates for the select kernel while it has at most
-    ``BUCKET_IN_FILTER_MAX_PROGRAMS`` programs.
+    launch (fewer than ``FILTER_STEPS_FROM`` elements) is the chain of its kernels' steps,
+    not their throughput: its candidates are counted and placed ``PLACE_PART`` a program
+    by the count and place kernels, several programs a row, instead of by the select
+    kernel's one (whose atomics, at many rows, the L2 serves no faster either way; see
+    BENCHMARKS.md, "The top-k"), and rows it reads whole select with fewer warps. The rank
+    kernel takes ``RANK_CHUNK`` pairs a program.
     """
     want_block = max(next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -172,10 +177,11 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     block = min(max(2 * want_block, next_power_of_2(-(-5 * expected_candidates(
         cols, k, sample) // 4))), MAX_SORTED)
     if interpreted:  # the interpreter's cost is per program: few, large ones
-        # (Candidates bucketed by the filter: the path with the more to check.)
+        # (Candidates counted and placed by two programs a row: the path with the more to
+        # check.)
         steps = -(-cols // (4 * FILTER_STEP))
         return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
-                            RADIX_BITS, split_steps=steps, bucket_in_filter=True)
+                            RADIX_BITS, split_steps=steps, place_part=block // 2)
     short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
@@ -183,7 +189,7 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
                         _select_warps(block, short), RADIX_BITS,
                         split_steps=steps,
                         pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT,
-                        bucket_in_filter=rows * splits <= BUCKET_IN_FILTER_MAX_PROGRAMS)
+                        place_part=min(PLACE_PART, block) if short else 0)
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
@@ -249,17 +255,32 @@ def _check_backend(backend: str | None, logits: torch.Tensor, k: int) -> str:
     return backend
 
 
-def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
-    """The kernels' launches for a setting: (sample, filter, filter grid, select, (rank,
-    rank grid))."""
+class TopKLaunches(NamedTuple):
+    """The kernels' launches for a plan and setting (``None``: not launched) and grids."""
+
+    sample: object
+    filter: object
+    filter_grid: tuple | None
+    select: object  # without place
+    count: object
+    place: object
+    place_grid: tuple | None  # the count and place kernels'
+    rank: object
+    rank_grid: tuple
+
+
+def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
+    """The kernels' launches for a setting."""
     rows, cols, k = plan.rows, plan.cols, plan.k
     pdl = s.pdl if pdl_supported(plan.device) else PDL_NONE
     nvidia = checks.nvidia_capability(plan.device) is not None
     options = checks.nvidia_options(nvidia, pdl != PDL_NONE, 0) or None
     common = dict(row_stride=plan.row_stride, cols=cols, IS_BF16=plan.is_bf16,
                   HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl)
-    sample = filter_ = filter_grid = None
-    buckets = s.block if s.splits and s.bucket_in_filter else 0
+    sample = filter_ = filter_grid = count = place = None
+    counted = bool(s.splits and s.place_part)
+    # Leading digits of ~column equal to all ones for every column: no tie pass needed.
+    low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     if s.splits:
         chunks = s.sample_block // SAMPLE_CHUNK
         sample_stride = -(-cols // chunks)
@@ -270,28 +291,38 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> tuple:
             options=options,
             **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
-            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits, BUCKETS=buckets)
+            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits,
+            ZERO_BUCKETS=s.block if counted else 0)
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
                                        **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,
-                                       BLOCK=s.step, BUCKETS=buckets,
-                                       WARP_APPEND=(nvidia and not buckets and s.step
-                                                    >= WARP_APPEND_ELEMENTS * 32 * s.filter_warps))
+                                       BLOCK=s.step,
+                                       WARP_APPEND=(nvidia and s.step
+                                                    >= WARP_APPEND_ELEMENTS * 32 * s.filter_warps),
+                                       TRACK_MAX=counted)
         filter_grid = (rows, s.splits)
-    # Leading digits of ~column equal to all ones for every column: no tie pass needed.
-    low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
-    select = SELECT_KERNEL.launch(
+    if counted:
+        count = COUNT_KERNEL.launch(plan.device, num_warps=s.place_warps, options=options,
+                                    **common, k=k, low_skip=low_skip, capacity=s.block,
+                                    BLOCK=s.block, PART=s.place_part, RADIX_BITS=s.radix_bits)
+        place = PLACE_KERNEL.launch(plan.device, num_warps=s.place_warps, options=options,
+                                    cols=cols, HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl, k=k,
+                                    capacity=s.block, out_row_stride=plan.out_row_stride,
+                                    BLOCK=s.block, PART=s.place_part)
+    select = None if counted else SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
         options=checks.nvidia_options(nvidia, pdl != PDL_NONE, s.max_registers) or None,
         **common, k=k,
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        BUCKETED=buckets > 0, BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
+        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
     rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
                               out_row_stride=plan.out_row_stride, BLOCK=s.block,
                               CHUNK=rank_chunk(s),
                               WIDTH=s.width, USE_PDL=pdl)
-    return sample, filter_, filter_grid, select, (rank, (rows, rank_programs(s, k, cols)))
+    return TopKLaunches(sample, filter_, filter_grid, select, count, place,
+                        (rows, s.block // s.place_part) if counted else None,
+                        rank, (rows, rank_programs(s, k, cols)))
 
 
 def rank_chunk(s: TopKSettings) -> int:
@@ -320,7 +351,6 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
         return
     s = topk_settings(rows, cols, plan.k)
     launches = plan.launches.get(s) or plan.launches.setdefault(s, _launches(plan, s))
-    sample, filter_, filter_grid, select, (rank, rank_grid) = launches
     device = plan.device
     lengths = call.lengths if call.lengths is not None else out  # not read without lengths
     scratch = torch.empty((rows, s.block), dtype=torch.int64, device=device)
@@ -328,26 +358,32 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
     meta = torch.empty((rows, 4), dtype=torch.int64, device=device)
     if s.splits:
         threshold = torch.empty((rows,), dtype=torch.int32, device=device)
-        cand_count = torch.empty((rows, COUNTER_STRIDE), dtype=torch.int32, device=device)
+        cand_count = torch.empty((rows, COUNTER_ROW), dtype=torch.int32, device=device)
         cand = torch.empty((rows, s.block), dtype=torch.int64, device=device)
-        # Each candidate's slot in its bucket (not read unless the filter buckets).
-        cand_slot = (torch.empty((rows, s.block), dtype=torch.int32, device=device)
-                     if s.bucket_in_filter else counts)
-        sample((rows,), logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
-               cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts)
-        filter_(filter_grid, logits_ptr=logits, lengths_ptr=lengths, threshold_ptr=threshold,
-                cand_ptr=cand, cand_count_ptr=cand_count, meta_ptr=meta, counts_ptr=counts,
-                cand_slot_ptr=cand_slot)
+        launches.sample((rows,), logits_ptr=logits, lengths_ptr=lengths,
+                        threshold_ptr=threshold, cand_count_ptr=cand_count, counts_ptr=counts)
+        launches.filter(launches.filter_grid, logits_ptr=logits, lengths_ptr=lengths,
+                        threshold_ptr=threshold, cand_ptr=cand, cand_count_ptr=cand_count)
         if buffers is not None:
             buffers.update(threshold=threshold, cand_count=cand_count[:, 0], cand=cand)
     else:
-        cand, cand_count, cand_slot = scratch, out, out  # not read: FROM_CANDIDATES is False
-    select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
-           cand_count_ptr=cand_count, cand_slot_ptr=cand_slot, scratch_ptr=scratch,
-           counts_ptr=counts, meta_ptr=meta, out_ptr=out)
-    rank(rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta, out_ptr=out)
+        cand, cand_count = scratch, out  # not read: FROM_CANDIDATES is False
+    if launches.place is not None:
+        cand_slot = torch.empty((rows, s.block), dtype=torch.int32, device=device)
+        launches.count(launches.place_grid, logits_ptr=logits, lengths_ptr=lengths,
+                       threshold_ptr=threshold, cand_ptr=cand, cand_count_ptr=cand_count,
+                       cand_slot_ptr=cand_slot, counts_ptr=counts, meta_ptr=meta)
+        launches.place(launches.place_grid, lengths_ptr=lengths, cand_ptr=cand,
+                       cand_count_ptr=cand_count, cand_slot_ptr=cand_slot, scratch_ptr=scratch,
+                       counts_ptr=counts, meta_ptr=meta, out_ptr=out)
+    else:
+        launches.select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
+                        cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts,
+                        meta_ptr=meta, out_ptr=out)
+    launches.rank(launches.rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta,
+                  out_ptr=out)
     if buffers is not None:
-        buffers.update(counts=counts, meta=meta, rank_grid=rank_grid)
+        buffers.update(counts=counts, meta=meta, rank_grid=launches.rank_grid)
 
 
 def run_topk(plan: TopKPlan, call: OpCall) -> None:

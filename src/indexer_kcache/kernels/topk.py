@@ -14,9 +14,9 @@ in the result is the number of the row's pairs above it: its rank.
 registers and places them (``_place``): it cuts the range between the largest and the
 smallest pair into ``BLOCK`` buckets of equal width, counts the pairs per bucket with
 atomic adds (which also give each pair a slot in its bucket) and writes the pairs bucket
-by bucket to a scratch row. (Or the filter kernel below has counted its candidates into
-buckets already, over the range from the sample's largest pair down to the threshold,
-and the select kernel only writes them out: ``BUCKETS``/``BUCKETED``.)
+by bucket to a scratch row. (Or ``topk_count_kernel`` and ``topk_place_kernel`` do the
+same for a row's candidates, several programs a row: counting them into buckets of the
+range from the row's largest candidate key down to the threshold, then writing them.)
 ``topk_rank_kernel`` (programs per row and chunk of the scratch row) then ranks each pair
 as its bucket's start plus the number of the bucket's pairs above it. For smoothly spread
 values buckets hold a pair or two, so ranking costs a few compares per pair, where a
@@ -56,13 +56,13 @@ SCAN_WIDTH = 16
 # wanted count, rarely below it or past twice it.
 MARGIN_SIGMAS = tl.constexpr(4.0)
 MARGIN_EXTRA = tl.constexpr(8)
-# Candidates bucketed by the filter kernel are placed as they are while bucket 0 (the
-# pairs above the sample's largest: about cols / sampled columns of them in a row whose
-# sample is representative) holds at most this many.
-MAX_TOP_BUCKET = tl.constexpr(64)
 # Rows' candidate counters lie a 128-byte line apart: the filter's atomic adds on one line
 # are served one after another, so counters sharing a line would serialize every row's.
 COUNTER_STRIDE = tl.constexpr(32)
+# A row's counters (int32 ``cand_count[row * COUNTER_ROW + ...]``): the candidate count at
+# 0 and, a line further, the largest candidate key (uint32 bits; ``TRACK_MAX``).
+COUNTER_ROW = tl.constexpr(2 * COUNTER_STRIDE)
+MAX_KEY_FIELD = tl.constexpr(COUNTER_STRIDE)
 
 
 # Elements a thread that one warp-append statement takes (its inline PTX's pack).
@@ -308,21 +308,19 @@ def _write_range(dst_ptr, limit: tl.constexpr, lo_key, lo_low, hi_key, hi_low, r
 @triton.jit(do_not_specialize=["cols", "k", "sample_stride"])
 def topk_sample_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k,
-    sample_stride, threshold_ptr, cand_count_ptr, meta_ptr, counts_ptr,
+    sample_stride, threshold_ptr, cand_count_ptr, counts_ptr,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     CHUNK: tl.constexpr,
     SAMPLE_BLOCK: tl.constexpr,
     BITS: tl.constexpr,
     DIGIT_BITS: tl.constexpr,
-    BUCKETS: tl.constexpr,
+    ZERO_BUCKETS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
-    holding the uint32 key), and ``cand_count[row * COUNTER_STRIDE] = 0``. With ``BUCKETS`` (the filter
-    buckets its candidates), also the buckets' range: ``meta[row, 0]`` the largest pair
-    the sample saw, ``meta[row, 1]`` the shift that maps it down to the threshold's pair
-    into ``BUCKETS`` buckets, and ``counts[row, :BUCKETS] = 0``.
+    holding the uint32 key), and the row's counters (``COUNTER_ROW``) zero; ``counts[row,
+    :ZERO_BUCKETS] = 0`` (the count kernel's buckets).
 
     The sample is ``SAMPLE_BLOCK`` columns, chunks of ``CHUNK`` consecutive columns every
     ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
@@ -335,7 +333,6 @@ def topk_sample_kernel(
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
-    tl.static_assert(BUCKETS == 0 or BUCKETS >= 2, "a bucket range needs two buckets")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
@@ -366,20 +363,11 @@ def topk_sample_kernel(
                 count = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), 0)
                 threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
-    tl.store(cand_count_ptr + row * COUNTER_STRIDE, 0)
-    if BUCKETS > 0:
-        # The sample's largest pair stands for the row's: pairs above it share bucket 0
-        # (ranked exactly all the same). The threshold's pair is below every candidate.
-        top = _pair(tl.max(key, 0), tl.full([], WORD_MASK, tl.uint32))
-        bottom = threshold.to(tl.uint64) << 32
-        # At least 32: buckets follow keys alone (the filter's _bucket_of_key); at most
-        # 64 - log2(BUCKETS), so that the key's shift stays below 32.
-        shift = tl.maximum(_shift_for(tl.where(top > bottom, top - bottom, 0), BUCKETS), 32)
-        field = tl.arange(0, 2)
-        tl.store(meta_ptr + row * 4 + field,
-                 tl.where(field == 0, top.to(tl.int64, bitcast=True), shift.to(tl.int64)))
-        tl.store(counts_ptr + row * (2 * BUCKETS) + tl.arange(0, BUCKETS),
-                 tl.zeros([BUCKETS], tl.int32))
+    tl.store(cand_count_ptr + row * COUNTER_ROW + tl.arange(0, 2) * MAX_KEY_FIELD,
+             tl.zeros([2], tl.int32))
+    if ZERO_BUCKETS > 0:
+        tl.store(counts_ptr + row * (2 * ZERO_BUCKETS) + tl.arange(0, ZERO_BUCKETS),
+                 tl.zeros([ZERO_BUCKETS], tl.int32))
 
 
 @triton.jit
@@ -398,74 +386,65 @@ def _filter_block(row_ptr, block, end, offsets, IS_BF16: tl.constexpr, BLOCK: tl
 def topk_filter_kernel(
     logits_ptr, row_stride, cols, lengths_ptr,
     split_cols, threshold_ptr, cand_ptr, cand_count_ptr, capacity,
-    meta_ptr, counts_ptr, cand_slot_ptr,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     BLOCK: tl.constexpr,
-    BUCKETS: tl.constexpr,
     WARP_APPEND: tl.constexpr,
+    TRACK_MAX: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row, split): appends the pairs of columns ``[split * split_cols,
     (split + 1) * split_cols)`` whose key is at least ``threshold[row]`` to ``cand[row]``
     (int64 ``[rows, capacity]``), ``BLOCK`` columns a step, reserving room with one atomic
-    add a step on the row's counter ``cand_count[row * COUNTER_STRIDE]`` (which ends as
+    add a step on the row's counter ``cand_count[row * COUNTER_ROW]`` (which ends as
     the row's candidate count, even past ``capacity``: only what fits is written). The
     order of the candidates varies from run to run; the result does not.
 
-    With ``BUCKETS``, each candidate is also counted in its bucket of the range
-    the sample kernel set (``meta[row, :2]``), by an atomic add on ``counts[row,
-    bucket]`` whose old value, the candidate's slot in its bucket, goes to
-    ``cand_slot[row]`` beside it: the select kernel then places the candidates without
-    atomics of its own, and these, spread over the filter's many programs, overlap.
-
-    With ``WARP_APPEND`` (NVIDIA, without ``BUCKETS``), each warp reserves room for its own
+    With ``WARP_APPEND`` (NVIDIA), each warp reserves room for its own
     candidates (``_warp_append``: ballots and one atomic add per eight elements a thread),
     instead of the block's sum, atomic and scan with their barriers and shared memory.
 
+    With ``TRACK_MAX``, the program's largest candidate key also goes to the row's
+    ``MAX_KEY_FIELD`` counter by an atomic max (the count kernel's bucket range).
+
     Each step's block is loaded a step ahead, so that the load is in flight while the step
     before waits for its atomic (``split_cols`` is a multiple of ``BLOCK``)."""
-    tl.static_assert(not (WARP_APPEND and BUCKETS > 0), "WARP_APPEND does not bucket")
     wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     threshold = tl.load(threshold_ptr + row).to(tl.uint32, bitcast=True)
-    if BUCKETS > 0:  # the range's largest key and the shift of keys (see _bucket_of_key)
-        top_key = (tl.load(meta_ptr + row * 4).to(tl.uint64, bitcast=True) >> 32).to(tl.uint32)
-        key_shift = (tl.load(meta_ptr + row * 4 + 1) - 32).to(tl.uint32)
     row_ptr = logits_ptr + row * row_stride
     cand_row_ptr = cand_ptr + row * capacity
-    counter_ptr = cand_count_ptr + row * COUNTER_STRIDE
+    counter_ptr = cand_count_ptr + row * COUNTER_ROW
     start = split.to(tl.int64) * split_cols
     end = tl.minimum(start + split_cols, n)
     offsets = tl.arange(0, BLOCK)
+    largest = tl.zeros([BLOCK], tl.uint32)  # TRACK_MAX: the taken keys' running maximum
     next_raw, next_live = _filter_block(row_ptr, start, end, offsets, IS_BF16, BLOCK)
     for block in range(start, end, BLOCK):
         raw, live = next_raw, next_live
         next_raw, next_live = _filter_block(row_ptr, block + BLOCK, end, offsets, IS_BF16, BLOCK)
         key = _keys_of_raw(raw, IS_BF16)
         take = live & (key >= threshold)
+        if TRACK_MAX:
+            largest = tl.maximum(largest, tl.where(take, key, 0))
         if WARP_APPEND:
             _warp_append(take, key, ~(block + offsets).to(tl.uint32), cand_row_ptr, counter_ptr,
                          capacity)
         else:
             taken = tl.sum(take.to(tl.int32), 0)
             if taken > 0:
-                if BUCKETS > 0:
-                    # Issued with the count's atomic, not after it (one round trip, not two):
-                    # candidates past the capacity are counted too, but then the select
-                    # kernel does not use the counts.
-                    bucket = _bucket_of_key(key, top_key, key_shift, BUCKETS)
-                    slot = tl.atomic_add(counts_ptr + row * (2 * BUCKETS) + bucket,
-                                         tl.full([BLOCK], 1, tl.int32), mask=take, sem="relaxed")
                 base = tl.atomic_add(counter_ptr, taken, sem="relaxed")
                 position = base + _positions(take, BLOCK)
                 kept = take & (position < capacity)
-                if BUCKETS > 0:
-                    tl.store(cand_slot_ptr + row * capacity + position, slot, mask=kept)
                 pair = _pair(key, ~(block + offsets).to(tl.uint32))
                 tl.store(cand_row_ptr + position, pair.to(tl.int64, bitcast=True), mask=kept)
+    if TRACK_MAX:
+        top_key = tl.max(largest, 0)
+        if top_key > 0:  # a candidate key (every key but NaN's is above 0)
+            tl.atomic_max((counter_ptr + MAX_KEY_FIELD).to(tl.pointer_type(tl.uint32)),
+                          top_key, sem="relaxed")
 
 
 @triton.jit
@@ -568,20 +547,9 @@ def _shift_for(span, BLOCK: tl.constexpr):
 @triton.jit
 def _bucket_of(pair, top, shift, BUCKETS: tl.constexpr):
     """Pair ``x``'s bucket, ``(top - x) >> shift``: larger pairs, lower buckets; pairs
-    above ``top`` in bucket 0, and none past the last (a range set from a sample need
-    not hold every pair)."""
+    above ``top`` in bucket 0, and none past the last."""
     below = tl.where(pair < top, top - pair, 0)
     return tl.minimum(below >> shift, BUCKETS - 1).to(tl.int32)
-
-
-@triton.jit
-def _bucket_of_key(key, top_key, key_shift, BUCKETS: tl.constexpr):
-    """``_bucket_of(pair, top, shift)`` from the pair's key alone, in 32-bit operations,
-    for a ``top`` whose low word is all ones and ``shift = 32 + key_shift``: then ``top -
-    pair`` is ``(top_key - key) * 2**32`` plus less than ``2**32`` for every pair at or
-    below ``top``, and ``top - pair >> shift`` is ``top_key - key >> key_shift``."""
-    below = tl.where(key < top_key, top_key - key, 0)
-    return tl.minimum(below >> key_shift, BUCKETS - 1).to(tl.int32)
 
 
 @triton.jit
@@ -632,12 +600,11 @@ def _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row
 @triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
 def topk_select_kernel(
     logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
-    cand_ptr, cand_count_ptr, capacity, cand_slot_ptr,
+    cand_ptr, cand_count_ptr, capacity,
     scratch_ptr, counts_ptr, meta_ptr, out_ptr, out_row_stride,
     IS_BF16: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,
     FROM_CANDIDATES: tl.constexpr,
-    BUCKETED: tl.constexpr,
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
@@ -648,7 +615,7 @@ def topk_select_kernel(
     = -1``.
 
     The pairs (at most ``BLOCK``, a power of two ``>= min(k, cols)``):
-    ``cand[row, :count]`` (``count = cand_count[row * COUNTER_STRIDE]``) when
+    ``cand[row, :count]`` (``count = cand_count[row * COUNTER_ROW]``) when
     ``FROM_CANDIDATES`` and that count lies in
     ``[want, capacity]`` (``capacity <= BLOCK``); else the row's eligible columns when
     they fit ``BLOCK``; else the row's top ``want``, found by radix selection streamed
@@ -656,21 +623,12 @@ def topk_select_kernel(
     the radix selection's survivors, then the placed pairs), ``counts`` (int32 ``[rows, 2 *
     BLOCK]``) and ``meta`` (int64 ``[rows, 4]``) are for the rank kernel.
 
-    ``BUCKETED`` (with ``FROM_CANDIDATES``): the filter kernel counted the candidates in
-    their buckets (``counts[row, :BLOCK]``, the range in ``meta[row, :2]``, each
-    candidate's slot in ``cand_slot``): placing them takes no atomics. Unless bucket 0,
-    where every pair above the sample's largest falls, holds more than
-    ``MAX_TOP_BUCKET`` (a row whose largest values the sample missed, as a run of them
-    past its last sampled chunk): ranking a crowded bucket costs the square of its size,
-    so those candidates, like the other sources, are placed over their own range.
-
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
     radix tie passes start below them.
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
-    tl.static_assert(FROM_CANDIDATES or not BUCKETED, "only candidates come bucketed")
     row = tl.program_id(0).to(tl.int64)
     n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
     want = tl.minimum(n, k)
@@ -687,14 +645,7 @@ def topk_select_kernel(
         # what lies past the count is masked below.
         cand = tl.load(cand_ptr + row * capacity + i, mask=i < capacity, other=0).to(
             tl.uint64, bitcast=True)
-        if BUCKETED:  # likewise
-            cand_slot = tl.load(cand_slot_ptr + row * capacity + i, mask=i < capacity,
-                                other=0)
-            count = tl.load(counts_row_ptr + i)
-            top_count = tl.load(counts_row_ptr)  # count[0], as a scalar (no reduction)
-            top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
-            shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
-        cand_count = tl.load(cand_count_ptr + row * COUNTER_STRIDE)
+        cand_count = tl.load(cand_count_ptr + row * COUNTER_ROW)
         use_candidates = (cand_count >= want) & (cand_count <= capacity)
     if use_candidates:
         valid = i < cand_count
@@ -711,20 +662,149 @@ def topk_select_kernel(
         pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
-    if BUCKETED:
-        if use_candidates & (top_count <= MAX_TOP_BUCKET):
-            bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
-            _write_placed(pair, valid, bucket, cand_slot, count, top, shift, want,
-                          counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
-        else:
-            _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
-    else:
-        _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
+    _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
     out_row_ptr = out_ptr + row * out_row_stride
     for start in range(0, k, BLOCK):  # ranks want .. k - 1: no column
         rank = start + i
         tl.store(out_row_ptr + rank, tl.full([BLOCK], -1, tl.int32),
                  mask=(rank >= want) & (rank < k))
+
+
+@triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
+def topk_count_kernel(
+    logits_ptr, row_stride, cols, lengths_ptr, k, low_skip,
+    threshold_ptr, cand_ptr, cand_count_ptr, capacity, cand_slot_ptr, counts_ptr, meta_ptr,
+    IS_BF16: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PART: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """Program (row, part): counts the candidates ``part * PART ..`` of ``cand[row]`` into
+    ``BLOCK`` buckets (``counts[row, :BLOCK]``, zeroed by the sample kernel) by atomic adds,
+    each candidate's old count (its slot in its bucket) to ``cand_slot`` beside it, so that
+    ``topk_place_kernel`` places them without atomics; spread over several programs a row
+    where ``topk_select_kernel`` has one.
+
+    The buckets cut the range from the row's largest candidate key (``TRACK_MAX`` of the
+    filter kernel: no pair lies above it) down to the threshold, into ``meta[row, :2]``
+    (``top``, ``shift``, as ``_place`` sets them). A row whose candidates are fewer than
+    ``want = min(k, eligible)`` or past ``capacity`` is left to its program 0: it writes
+    the row's top ``want`` pairs to ``cand[row, :want]`` by radix selection streamed from
+    the row ``PART`` columns a step, then counts them over their own range, ``PART`` a
+    step (its other programs return)."""
+    wait_for_previous_kernel(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
+    want = tl.minimum(n, k)
+    counter_ptr = cand_count_ptr + row * COUNTER_ROW
+    cand_row_ptr = cand_ptr + row * capacity
+    slot_row_ptr = cand_slot_ptr + row * capacity
+    counts_row_ptr = counts_ptr + row * (2 * BLOCK)
+    meta_row_ptr = meta_ptr + row * 4
+    i = part * PART + tl.arange(0, PART)
+    # The candidates are asked for with their count (a round trip less); past it, masked.
+    pair = tl.load(cand_row_ptr + i, mask=i < capacity, other=0).to(tl.uint64, bitcast=True)
+    cand_count = tl.load(counter_ptr)
+    top_key = tl.load(counter_ptr + MAX_KEY_FIELD).to(tl.uint32, bitcast=True)
+    threshold = tl.load(threshold_ptr + row).to(tl.uint32, bitcast=True)
+    if (cand_count >= want) & (cand_count <= capacity):
+        top = _pair(top_key, tl.full([], WORD_MASK, tl.uint32))
+        bottom = threshold.to(tl.uint64) << 32  # at or below every candidate
+        shift = _shift_for(tl.where(top > bottom, top - bottom, 0), BLOCK)
+        valid = i < cand_count
+        bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
+        slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([PART], 1, tl.int32), mask=valid,
+                             sem="relaxed")
+        tl.store(slot_row_ptr + i, slot, mask=valid)
+        if part == 0:
+            _store_range(meta_row_ptr, top, shift)
+    elif part == 0:
+        row_ptr = logits_ptr + row * row_stride
+        _radix_survivors(want, row_ptr, row_ptr, n, False, cand_row_ptr, low_skip, IS_BF16,
+                         False, False, PART, BLOCK, RADIX_BITS, False)
+        tl.debug_barrier()  # the survivors, written by every thread of the program
+        lanes = tl.arange(0, PART)
+        top = tl.zeros([], tl.uint64)
+        bottom = tl.full([], WORD_MASK, tl.uint64) << 32 | WORD_MASK
+        for first in range(0, want, PART):
+            valid = first + lanes < want
+            pair = tl.load(cand_row_ptr + first + lanes, mask=valid, other=0,
+                           cache_modifier=".cg").to(tl.uint64, bitcast=True)
+            top = tl.maximum(top, tl.max(tl.where(valid, pair, 0), 0))
+            bottom = tl.minimum(bottom, ~tl.max(tl.where(valid, ~pair, 0), 0))
+        shift = _shift_for(top - bottom, BLOCK)
+        for first in range(0, want, PART):
+            valid = first + lanes < want
+            pair = tl.load(cand_row_ptr + first + lanes, mask=valid, other=0,
+                           cache_modifier=".cg").to(tl.uint64, bitcast=True)
+            bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
+            slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([PART], 1, tl.int32),
+                                 mask=valid, sem="relaxed")
+            tl.store(slot_row_ptr + first + lanes, slot, mask=valid)
+        _store_range(meta_row_ptr, top, shift)
+
+
+@triton.jit
+def _store_range(meta_row_ptr, top, shift):
+    """``meta_row[:2] = top, shift``: the bucket range."""
+    field = tl.arange(0, 2)
+    tl.store(meta_row_ptr + field,
+             tl.where(field == 0, top.to(tl.int64, bitcast=True), shift.to(tl.int64)))
+
+
+@triton.jit(do_not_specialize=["cols", "k", "capacity"])
+def topk_place_kernel(
+    cols, lengths_ptr, k, cand_ptr, cand_count_ptr, capacity, cand_slot_ptr,
+    scratch_ptr, counts_ptr, meta_ptr, out_ptr, out_row_stride,
+    HAS_LENGTHS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PART: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """Program (row, part): writes the pairs ``part * PART ..`` that ``topk_count_kernel``
+    counted (``cand[row, :count]``, ``count`` the candidates', or ``want`` where the count
+    kernel selected them) to ``scratch[row]`` bucket by bucket, at their bucket's start
+    (the prefix sum of ``counts[row, :BLOCK]``, which every program of the row takes) plus
+    their slot; the bucket starts of its share of the buckets to ``counts[row, BLOCK:]``;
+    program 0 the rest of ``meta[row]`` (as ``_write_placed``) and ``out[row, want:k] =
+    -1``. What ``topk_rank_kernel`` reads, as the select kernel leaves it."""
+    wait_for_previous_kernel(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    n = _eligible_count(lengths_ptr, row, cols, HAS_LENGTHS)
+    want = tl.minimum(n, k)
+    i = part * PART + tl.arange(0, PART)
+    bins = tl.arange(0, BLOCK)
+    counts_row_ptr = counts_ptr + row * (2 * BLOCK)
+    meta_row_ptr = meta_ptr + row * 4
+    # Everything asked for at once: what lies past the count is masked below.
+    pair = tl.load(cand_ptr + row * capacity + i, mask=i < capacity, other=0).to(
+        tl.uint64, bitcast=True)
+    slot = tl.load(cand_slot_ptr + row * capacity + i, mask=i < capacity, other=0)
+    count = tl.load(counts_row_ptr + bins)
+    top = tl.load(meta_row_ptr).to(tl.uint64, bitcast=True)
+    shift = tl.load(meta_row_ptr + 1).to(tl.uint64)
+    cand_count = tl.load(cand_count_ptr + row * COUNTER_ROW)
+    placed = tl.where((cand_count >= want) & (cand_count <= capacity), cand_count, want)
+    valid = i < placed
+    bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
+    start = tl.cumsum(count, 0) - count
+    tl.store(counts_row_ptr + BLOCK + bins, start, mask=bins // PART == part)  # its share
+    first = tl.gather(start, bucket, 0)
+    tl.store(scratch_ptr + row * BLOCK + first + slot, pair.to(tl.int64, bitcast=True),
+             mask=valid)
+    if part == 0:
+        end = tl.sum(tl.where(start < want, count, 0), 0)
+        field = tl.arange(0, 2)
+        tl.store(meta_row_ptr + 2 + field, tl.where(field == 0, end, want).to(tl.int64))
+        out_row_ptr = out_ptr + row * out_row_stride
+        for first_rank in range(0, k, PART):  # ranks want .. k - 1: no column
+            rank = first_rank + tl.arange(0, PART)
+            tl.store(out_row_ptr + rank, tl.full([PART], -1, tl.int32),
+                     mask=(rank >= want) & (rank < k))
 
 
 @triton.jit
