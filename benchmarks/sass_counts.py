@@ -3,14 +3,15 @@
 Triton compiles for a GPU it does not have when given the target: its NVIDIA backend
 ships ``ptxas`` and ``cuobjdump``. This script compiles the store kernel (a format,
 ratio and launch setting; by default the settings ``store_settings`` picks at 256K
-tokens) or the top-k filter kernel (with and without bucketing) and prints the
+tokens) or the top-k filter kernel (each warp appending its own candidates or the
+block-wide path; tracking the rows' largest keys or not) and prints the
 registers a thread, the stack frame a thread (where spills go), the SASS instructions of a
 program's first pass (up to its first ``EXIT``: the store's ratio-2 second pass, rarely
 taken, is left out) and, for the store, the warp instructions per written token.
 
     python benchmarks/sass_counts.py store --format mxfp4 --ratio 2
     python benchmarks/sass_counts.py store --format mxfp4 --ratio 1 --tokens-per-program 32 --warps 2
-    python benchmarks/sass_counts.py topk-filter --buckets 0 4096
+    python benchmarks/sass_counts.py topk-filter
 
 The counts are of this machine's Triton, which need not be the one a GPU run used.
 """
@@ -100,15 +101,16 @@ def store_counts(args) -> None:
 def filter_counts(args) -> None:
     signature = {"logits_ptr": "*fp32", "row_stride": "i32", "cols": "i32", "lengths_ptr": "*i32",
                  "split_cols": "i32", "threshold_ptr": "*i32", "cand_ptr": "*i64",
-                 "cand_count_ptr": "*i32", "capacity": "i32", "meta_ptr": "*i64",
-                 "counts_ptr": "*i32", "cand_slot_ptr": "*i32"}
-    for buckets in args.buckets:
-        constexprs = dict(IS_BF16=False, HAS_LENGTHS=False, BLOCK=1024, BUCKETS=buckets,
-                          WARP_APPEND=buckets == 0, USE_PDL=2)
-        registers, stack, _ = compile_counts(topk_filter_kernel, signature, constexprs,
-                                             ("row_stride", "split_cols"),
-                                             {"num_warps": 4, "launch_pdl": True})
-        print(f"topk filter, BUCKETS={buckets}: {registers} registers, {stack} stack bytes")
+                 "cand_count_ptr": "*i32", "capacity": "i32"}
+    for warp_append in (True, False):
+        for track_max in (False, True):
+            constexprs = dict(IS_BF16=False, HAS_LENGTHS=False, BLOCK=1024,
+                              WARP_APPEND=warp_append, TRACK_MAX=track_max, USE_PDL=2)
+            registers, stack, _ = compile_counts(topk_filter_kernel, signature, constexprs,
+                                                 ("row_stride", "split_cols"),
+                                                 {"num_warps": 4, "launch_pdl": True})
+            print(f"topk filter, WARP_APPEND={warp_append} TRACK_MAX={track_max}: "
+                  f"{registers} registers, {stack} stack bytes")
 
 
 def main() -> None:
@@ -122,8 +124,7 @@ def main() -> None:
     p.add_argument("--eager", action=argparse.BooleanOptionalAction)
     p.add_argument("--max-registers", type=int)
     p.add_argument("--hint-ahead", type=int)
-    p = sub.add_parser("topk-filter")
-    p.add_argument("--buckets", type=int, nargs="*", default=[0, 4096])
+    sub.add_parser("topk-filter")
     args = parser.parse_args()
     (store_counts if args.kernel == "store" else filter_counts)(args)
 

@@ -98,21 +98,42 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         other_steps = 1 if base.split_steps > 1 else 2
         other_warps = 16 if base.select_warps < 16 else 8
         other_chunk = 2 * topk.RANK_CHUNK
+        # The other placement, with its own sample and block.
+        other = topk.topk_settings(rows, cols, k, interpreted=interpreted,
+                                   count_and_place=not base.place_part)._asdict()
         variants = [
-            ("select-kernel", dict(place_part=0)) if base.place_part else
-            ("count-and-place", dict(place_part=min(topk.PLACE_PART, base.block))),
+            ("select-kernel" if base.place_part else "count-and-place", other),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
-            (f"select-w{other_warps}", dict(select_warps=other_warps)),
-            ("select-w32", dict(select_warps=32)),
-            ("select-reg64", dict(max_registers=64)),  # two select programs an SM at 16 warps
+        ]
+        if base.place_part:  # the place kernel at half or twice its warps
+            variants += [(f"place-w{warps}", dict(place_warps=warps))
+                         for warps in (base.place_warps // 2, base.place_warps * 2)
+                         if 1 <= warps <= 16]
+        else:
+            variants += [
+                (f"select-w{other_warps}", dict(select_warps=other_warps)),
+                ("select-w32", dict(select_warps=32)),
+                ("select-reg64", dict(max_registers=64)),  # two programs an SM at 16 warps
+            ]
+        variants += [
             (f"chunk{other_chunk}", dict(chunk=other_chunk)),
             ("sample-2-bits", dict(sample_digit_bits=2)),
+            ("threshold-14-bits", dict(threshold_bits=14)),
+            ("threshold-15-bits", dict(threshold_bits=15)),
+            ("sample-w4", dict(sample_warps=4)),
+            ("sample-w16", dict(sample_warps=16)),
         ]
-        # The count and place kernels at other sizes (programs a row, warps).
-        for part, warps in ((1024, 4), (256, 4), (512, 2)):
-            if part < base.block:
-                variants.append((f"place-{part}-w{warps}",
-                                 dict(place_part=part, place_warps=warps)))
+        # Half the sample (a looser threshold) with the block its candidates need.
+        half = base.sample_block // 2
+        if half >= topk.MIN_SAMPLE:
+            needed = -(-5 * topk.expected_candidates(cols, k, half) // 4)
+            block = min(max(base.block, 1 << (needed - 1).bit_length()), topk.MAX_SORTED)
+            variants.append(("sample-half", dict(sample_block=half, block=block,
+                                                 place_part=min(base.place_part, block))))
+        # The count and place kernels at other sizes (programs a row).
+        for part in (1024, 256):
+            if base.place_part and part < base.block:
+                variants.append((f"place-{part}", dict(place_part=part)))
         # A larger sample: a threshold closer to the k-th value, fewer candidates to order.
         for times in (2, 4):
             if base.sample_block * times <= topk.MAX_SAMPLE:

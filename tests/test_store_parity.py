@@ -780,7 +780,7 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100 (bf16 queries for
-    sm_89), its float32 dots for sm_80 and gfx942; all four top-k kernels for sm_80, sm_90,
+    sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels for sm_80, sm_90,
     sm_100 and gfx942; the store and a reader for sm_80 too (integer conversions, no
     dependent launch). Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

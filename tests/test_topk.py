@@ -148,6 +148,26 @@ def sampled_columns(cols: int, settings: topk.TopKSettings) -> torch.Tensor:
 PLACEMENTS = {"select-kernel": dict(place_part=0), "count-and-place": dict(place_part=64)}
 
 
+def check_bucket_range(buffers, settings, placement, rows) -> None:
+    """The rows' bucket range (meta[:, :2]) is the placement's own: from the largest
+    candidate pair down to the smallest (select kernel), or from the largest candidate key
+    with every column bit set down to the threshold's key (count kernel); the shift the
+    smallest that maps the span below ``block``."""
+    meta, count = buffers["meta"].cpu(), buffers["cand_count"].cpu()
+    cand = buffers["cand"].cpu() & 0xFFFFFFFFFFFFFFFF  # as unsigned (Python ints below)
+    threshold = buffers["threshold"].cpu().long() & 0xFFFFFFFF
+    for row in range(rows):
+        pairs = [int(x) & (2**64 - 1) for x in cand[row, :count[row]]]
+        if placement == "count-and-place":
+            top = (max(pairs) >> 32) << 32 | 0xFFFFFFFF
+            bottom = int(threshold[row]) << 32
+        else:
+            top, bottom = max(pairs), min(pairs)
+        shift = next(s for s in range(65) if (top - bottom) >> s < settings.block)
+        assert int(meta[row, 0]) & (2**64 - 1) == top, (row, placement)
+        assert int(meta[row, 1]) == shift, (row, placement)
+
+
 # ----------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
@@ -301,17 +321,20 @@ def test_long_rows_through_candidates(kind, dtype, split_steps, placement):
     settings = small_split_settings(k, cols, split_steps=split_steps, **PLACEMENTS[placement])
     check(logits, k, lengths, settings, buffers)
     assert usable(buffers, settings, torch.tensor([k, k, k])).all()  # no fallback
+    check_bucket_range(buffers, settings, placement, 3)
     check(logits, k, random_lengths(3, cols, g), settings)
 
 
-@pytest.mark.parametrize("digit_bits", [1, 2, 4])
+@pytest.mark.parametrize("digit_bits, threshold_bits", [(1, 16), (2, 16), (4, 16), (1, 12)],
+                         ids=["1-bit-passes", "2-bit-passes", "4-bit-passes", "12-bits"])
 @pytest.mark.parametrize("short_rows", [False, True], ids=["full-rows", "short-rows"])
-def test_sample_threshold_is_the_sampled_key(digit_bits, short_rows):
+def test_sample_threshold_is_the_sampled_key(digit_bits, threshold_bits, short_rows):
     """The sample kernel's threshold: the r-th largest key of the row's sampled columns (r =
-    expected hits + 4 standard deviations + 8), its top 16 bits, found 1, 2 or 4 bits a
-    pass; sampled columns past a row's length never count."""
+    expected hits + 4 standard deviations + 8), its top ``threshold_bits`` bits, found 1, 2
+    or 4 bits a pass; sampled columns past a row's length never count."""
     cols, k = 3000, 100
-    settings = small_split_settings(k, cols, sample_digit_bits=digit_bits)
+    settings = small_split_settings(k, cols, sample_digit_bits=digit_bits,
+                                    threshold_bits=threshold_bits)
     logits = make_logits("normal", 2, cols, torch.float32, seed=17)
     lengths = None
     if short_rows:  # the short row all negative: columns past it must not count as 0.0
@@ -331,7 +354,8 @@ def test_sample_threshold_is_the_sampled_key(digit_bits, short_rows):
         m = len(columns)
         expected = -(-min(k, n) * m // n)
         rank = expected + int(math.sqrt(expected) * 4.0) + 8
-        want = keys.sort(descending=True).values[rank - 1] & 0xFFFF0000
+        top_bits = (1 << threshold_bits) - 1 << 32 - threshold_bits
+        want = keys.sort(descending=True).values[rank - 1] & top_bits
         assert int(got[row]) == int(want), (row, n)
 
 
@@ -409,11 +433,7 @@ def test_long_rows_larger_than_the_sample_saw(placement, extra):
     buffers = {}
     check(logits, k, None, settings, buffers)
     assert usable(buffers, settings, torch.full((3,), k)).all()
-    if placement == "count-and-place":  # the range's top: the row's largest candidate key
-        count, cand = buffers["cand_count"].cpu(), buffers["cand"].cpu()
-        for row in range(3):
-            largest = (cand[row, :count[row]] >> 32 & 0xFFFFFFFF).max()
-            assert buffers["meta"][row, 0].cpu() >> 32 & 0xFFFFFFFF == largest
+    check_bucket_range(buffers, settings, placement, 3)
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -437,8 +457,7 @@ def test_long_rows_of_candidates_a_few_keys_apart(placement):
     buffers = {}
     check(logits, k, None, settings, buffers)
     assert usable(buffers, settings, torch.full((2,), k)).all()
-    if placement == "count-and-place":  # a bucket per key or finer, from the row's largest
-        assert (buffers["meta"][:, 1].cpu() <= 32).all()
+    check_bucket_range(buffers, settings, placement, 2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -513,9 +532,10 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
     # Short launches count and place their candidates over several programs a row.
-    short = rows * cols < topk.FILTER_STEPS_FROM
-    assert s.place_part == (min(topk.PLACE_PART, s.block) if s.splits and short else 0)
+    placed = rows * cols < topk.FILTER_STEPS_FROM and rows <= topk.PLACE_MAX_ROWS
+    assert s.place_part == (min(topk.PLACE_PART, s.block) if s.splits and placed else 0)
     assert s.place_part == 0 or s.block % s.place_part == 0
+    assert s.place_warps * 32 * 32 >= s.block  # at most 32 buckets a thread
     # Early release only while the filter's programs leave SMs free.
     if s.splits:
         early = rows * s.splits <= topk.PDL_MAX_PROGRAMS
@@ -533,10 +553,11 @@ def test_dependent_launch_rule_at_the_bench_shapes():
 
 
 def test_count_and_place_rule_at_the_bench_shapes():
-    """Short launches (one row of 131072, 64 x 8192) count and place their candidates over
-    several programs a row; from 4M elements the select kernel places them."""
+    """Short launches of at most 64 rows (one row of 131072, 64 x 8192) count and place
+    their candidates over several programs a row; from 4M elements, or 65 rows, the
+    select kernel places them."""
     expected = {(1, 131072): 512, (64, 8192): 512, (64, 65536): 0, (128, 65536): 0,
-                (512, 8192): 0, (1, 262144): 512, (4, 4096): 0}
+                (512, 8192): 0, (128, 8192): 0, (1, 262144): 512, (4, 4096): 0}
     for (rows, cols), part in expected.items():
         s = topk.topk_settings(rows, cols, 2048, interpreted=False)
         assert s.place_part == part, (rows, cols)
@@ -715,6 +736,20 @@ def test_issue_shapes_k_2048(rows, cols, kind, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k", [8192, 16384])
+@pytest.mark.parametrize("kind", ["normal", "few-distinct"])
+def test_count_and_place_at_the_largest_blocks(kind, k):
+    """A short launch of long rows and a large k: the count and place kernels at blocks
+    of 16384 buckets (the place kernel at 16 warps), lengths cutting the rows anywhere."""
+    rows, cols = 2, 20000
+    settings = topk.topk_settings(rows, cols, k)
+    assert settings.place_part and settings.block == topk.MAX_SORTED
+    logits = make_logits(kind, rows, cols, torch.float32, seed=k)
+    for lengths in (None, random_lengths(rows, cols, generator(k))):
+        check(logits, k, lengths, settings)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("split_steps", [1, 3], ids=["1-step", "3-steps"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "specials", "few-distinct"])
@@ -737,10 +772,12 @@ def test_warp_append_filter_on_odd_rows(placement, kind, dtype, split_steps):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_capture():
-    logits = make_logits("normal", 64, 65536, torch.float32)
-    lengths = torch.randint(0, 65536, (64,), dtype=torch.int32, device=DEVICE)
-    out = torch.empty((64, 2048), dtype=torch.int32, device=DEVICE)
+@pytest.mark.parametrize("rows, cols", [(64, 65536), (1, 131072)],
+                         ids=["select-kernel", "count-and-place"])
+def test_cuda_graph_capture(rows, cols):
+    logits = make_logits("normal", rows, cols, torch.float32)
+    lengths = torch.randint(0, cols, (rows,), dtype=torch.int32, device=DEVICE)
+    out = torch.empty((rows, 2048), dtype=torch.int32, device=DEVICE)
     topk.top_k_indices(logits, 2048, lengths, out=out)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -71,6 +71,9 @@ FILTER_STEPS = 2  # steps per program of the filter kernel, from FILTER_STEPS_FR
 FILTER_STEPS_FROM = 1 << 22
 FILTER_WARPS = 4
 SAMPLE_HITS = 128  # expected sampled elements among the top k: the threshold's precision
+# The sample where the count and place kernels run: a looser threshold, whose larger
+# block they take at little cost (measured in BENCHMARKS.md).
+PLACED_SAMPLE_HITS = 64
 MIN_SAMPLE, MAX_SAMPLE = 1024, 8192  # sampled columns per long row
 SAMPLE_CHUNK = 32  # consecutive columns per piece of the sample (128 bytes of fp32)
 THRESHOLD_BITS = 16  # top key bits the sample's threshold is given to
@@ -79,10 +82,13 @@ RADIX_BITS = 8
 RANK_CHUNK = 128  # pairs ranked per program (BENCHMARKS.md, "The rank kernel's chunk")
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
-# A short launch's candidates are counted into their buckets and placed by the count and
-# place kernels, this many a program (several programs a row), instead of by the select
-# kernel (one program a row); measured in BENCHMARKS.md.
+# A short launch of at most PLACE_MAX_ROWS rows has its candidates counted into their
+# buckets and placed by the count and place kernels, PLACE_PART a program (several
+# programs a row), instead of by the select kernel (one program a row); the place kernel
+# at PLACE_WARPS warps a 4096-bucket block, more for larger blocks; measured in
+# BENCHMARKS.md.
 PLACE_PART = 512
+PLACE_MAX_ROWS = 64
 PLACE_WARPS = 4
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
@@ -105,6 +111,7 @@ class TopKSettings(NamedTuple):
     width: int = RANK_WIDTH  # bucket members compared per step
     split_steps: int = 1  # steps of the filter kernel per program (the next one prefetched)
     sample_digit_bits: int = 1  # bits of the sample's threshold decided per pass
+    threshold_bits: int = THRESHOLD_BITS  # top key bits the sample's threshold is given to
     max_registers: int = 0  # the select kernel's register cap per thread; 0 = the compiler's
     sample_warps: int = 0  # the sample kernel's warps; 0: see MAX_SAMPLE_WARPS
     # Programmatic dependent launch (NVIDIA sm_90+): each kernel is launched while the
@@ -115,7 +122,7 @@ class TopKSettings(NamedTuple):
     # into their buckets and place them (block // place_part programs a row each) instead
     # of the select kernel (one program a row); 0: the select kernel (with splits only).
     place_part: int = 0
-    place_warps: int = PLACE_WARPS
+    place_warps: int = PLACE_WARPS  # the place kernel's (the count kernel takes PLACE_WARPS)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -136,20 +143,23 @@ class TopKPlan:
 
 
 def _select_warps(block: int, short: bool = False) -> int:
-    """8 pairs a thread, as 4 to 16 warps; 16 pairs a thread in a short launch (its
-    select programs are a single round on the SMs, whose time is their block-wide
+    """8 pairs a thread, as 4 to 16 warps; 16 pairs a thread in a short launch of many rows
+    (its select programs are a single round on the SMs, whose time is their block-wide
     steps: fewer warps make each shorter)."""
     return min(max(block // (512 if short else 256), 4), 16)
 
 
 @tunable
 def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
-                  direct_max_cols: int | None = None) -> TopKSettings:
-    """Deterministic settings for a shape.
+                  direct_max_cols: int | None = None,
+                  count_and_place: bool | None = None) -> TopKSettings:
+    """Deterministic settings for a shape (``direct_max_cols`` and ``count_and_place``
+    override the rules below, for experiments).
 
     Rows up to ``direct_max_cols`` (default ``DIRECT_MAX_COLS``, 1024 under the
     interpreter) wide are read once by the select kernel and ranked whole. Longer rows
-    are sampled (enough columns to expect ``SAMPLE_HITS`` of the top k), then filtered
+    are sampled (enough columns to expect ``SAMPLE_HITS`` of the top k,
+    ``PLACED_SAMPLE_HITS`` where the count and place kernels run), then filtered
     ``FILTER_STEP`` columns a step, one atomic add a step (each warp's own on NVIDIA, else
     the program's): one step a program for fewer than ``FILTER_STEPS_FROM`` elements
     (many small programs), ``FILTER_STEPS`` from there (each step's load in flight while
@@ -161,11 +171,12 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     early while the filter has at most ``PDL_MAX_PROGRAMS`` programs, else as the previous
     one's programs exit (rows read whole, and the interpreter, launch plainly). A short
     launch (fewer than ``FILTER_STEPS_FROM`` elements) is the chain of its kernels' steps,
-    not their throughput: its candidates are counted and placed ``PLACE_PART`` a program
-    by the count and place kernels, several programs a row, instead of by the select
-    kernel's one (whose atomics, at many rows, the L2 serves no faster either way; see
-    BENCHMARKS.md, "The top-k"), and rows it reads whole select with fewer warps. The rank
-    kernel takes ``RANK_CHUNK`` pairs a program.
+    not their throughput: with at most ``PLACE_MAX_ROWS`` rows its candidates are counted
+    and placed ``PLACE_PART`` a program by the count and place kernels, several programs a
+    row, instead of by the select kernel's one (at 512 rows the split is slower: the L2
+    serves the count kernel's atomics no faster, and every place program takes the row's
+    whole prefix sum; see BENCHMARKS.md, "The top-k"); with more, the select kernel runs
+    at fewer warps. The rank kernel takes ``RANK_CHUNK`` pairs a program.
     """
     want_block = max(next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -173,7 +184,12 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     if cols <= direct_max_cols:
         block = max(next_power_of_2(cols), 32)
         return TopKSettings(0, 0, 0, 0, block, _select_warps(block), RADIX_BITS)
-    sample = min(max(next_power_of_2(SAMPLE_HITS * cols // k), MIN_SAMPLE), MAX_SAMPLE)
+    short = rows * cols < FILTER_STEPS_FROM
+    placed = short and rows <= PLACE_MAX_ROWS and not interpreted
+    if count_and_place is not None:
+        placed = count_and_place
+    hits = PLACED_SAMPLE_HITS if placed else SAMPLE_HITS
+    sample = min(max(next_power_of_2(hits * cols // k), MIN_SAMPLE), MAX_SAMPLE)
     block = min(max(2 * want_block, next_power_of_2(-(-5 * expected_candidates(
         cols, k, sample) // 4))), MAX_SORTED)
     if interpreted:  # the interpreter's cost is per program: few, large ones
@@ -182,14 +198,14 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
         steps = -(-cols // (4 * FILTER_STEP))
         return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
                             RADIX_BITS, split_steps=steps, place_part=block // 2)
-    short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
     return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block,
                         _select_warps(block, short), RADIX_BITS,
                         split_steps=steps,
                         pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT,
-                        place_part=min(PLACE_PART, block) if short else 0)
+                        place_part=min(PLACE_PART, block) if placed else 0,
+                        place_warps=min(max(block // 1024, PLACE_WARPS), 16))
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
@@ -279,6 +295,9 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
                   HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl)
     sample = filter_ = filter_grid = count = place = None
     counted = bool(s.splits and s.place_part)
+    if counted and not (min(k, cols) <= s.block and s.block % s.place_part == 0):
+        fail_value("TopKSettings", f"a block ({s.block}) of at least min(k, cols) "
+                   f"({min(k, cols)}) and a multiple of place_part ({s.place_part})", s)
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     if s.splits:
@@ -291,7 +310,7 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
             options=options,
             **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
-            BITS=THRESHOLD_BITS, DIGIT_BITS=s.sample_digit_bits,
+            BITS=s.threshold_bits, DIGIT_BITS=s.sample_digit_bits,
             ZERO_BUCKETS=s.block if counted else 0)
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
                                        **common,
@@ -302,7 +321,7 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
                                        TRACK_MAX=counted)
         filter_grid = (rows, s.splits)
     if counted:
-        count = COUNT_KERNEL.launch(plan.device, num_warps=s.place_warps, options=options,
+        count = COUNT_KERNEL.launch(plan.device, num_warps=PLACE_WARPS, options=options,
                                     **common, k=k, low_skip=low_skip, capacity=s.block,
                                     BLOCK=s.block, PART=s.place_part, RADIX_BITS=s.radix_bits)
         place = PLACE_KERNEL.launch(plan.device, num_warps=s.place_warps, options=options,

@@ -30,9 +30,9 @@ The source is the row itself when it fits; a longer row's candidates otherwise:
 below the sample's share of the k) and ``topk_filter_kernel`` appends every pair whose key
 reaches it to the row's candidate buffer. The threshold only decides the amount of work,
 never the result: when the candidates are fewer than the k, or overflow the buffer, the
-select kernel finds the row's k largest pairs by radix selection streamed from memory
-(``RADIX_BITS`` bits a pass, key bits first, then column bits while ties remain) and
-places those.
+select kernel (or the count kernel's program 0) finds the row's k largest pairs by radix
+selection streamed from memory (``RADIX_BITS`` bits a pass, key bits first, then column
+bits while ties remain) and places those.
 
 Every kernel reads only eligible columns (``column < min(lengths[row], cols)``) and writes
 only inside its buffers, whatever the lengths say.
@@ -664,7 +664,8 @@ def topk_select_kernel(
     # The survivors are in registers: every thread is past them before _place writes.
     _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
     out_row_ptr = out_ptr + row * out_row_stride
-    for start in range(0, k, BLOCK):  # ranks want .. k - 1: no column
+    for start in range(0, k.to(tl.int64), BLOCK):  # ranks want .. k - 1: no column (int64:
+        # k may lie within a step of 2**31)
         rank = start + i
         tl.store(out_row_ptr + rank, tl.full([BLOCK], -1, tl.int32),
                  mask=(rank >= want) & (rank < k))
@@ -801,7 +802,7 @@ def topk_place_kernel(
         field = tl.arange(0, 2)
         tl.store(meta_row_ptr + 2 + field, tl.where(field == 0, end, want).to(tl.int64))
         out_row_ptr = out_ptr + row * out_row_stride
-        for first_rank in range(0, k, PART):  # ranks want .. k - 1: no column
+        for first_rank in range(0, k.to(tl.int64), PART):  # ranks want .. k - 1: no column
             rank = first_rank + tl.arange(0, PART)
             tl.store(out_row_ptr + rank, tl.full([PART], -1, tl.int32),
                      mask=(rank >= want) & (rank < k))
