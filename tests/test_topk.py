@@ -532,8 +532,7 @@ def test_gpu_settings_are_consistent(rows, cols, k):
         assert 5 * expected <= 4 * s.block or s.block == topk.MAX_SORTED
         assert s.sample_block & (s.sample_block - 1) == 0
     # Short launches count and place their candidates over several programs a row.
-    placed = (rows * cols < topk.FILTER_STEPS_FROM
-              and rows * s.splits <= topk.PLACE_MAX_FILTER_PROGRAMS)
+    placed = rows * cols < topk.FILTER_STEPS_FROM and rows <= topk.PLACE_MAX_ROWS
     assert s.place_part == (min(topk.PLACE_PART, s.block) if s.splits and placed else 0)
     assert s.place_part == 0 or s.block % s.place_part == 0
     assert s.place_warps * 32 * 32 >= s.block  # at most 32 buckets a thread
@@ -554,12 +553,12 @@ def test_dependent_launch_rule_at_the_bench_shapes():
 
 
 def test_count_and_place_rule_at_the_bench_shapes():
-    """Short launches of at most 512 filter programs (one row of 131072, 64 x 8192, 8 x
-    65536) count and place their candidates over several programs a row; from 4M
-    elements, or more filter programs, the select kernel places them."""
+    """Short launches of at most 64 rows (one row of 131072, 64 x 8192, 16 x 65536) count
+    and place their candidates over several programs a row; from 4M elements, or 65 rows,
+    the select kernel places them."""
     expected = {(1, 131072): 512, (64, 8192): 512, (64, 65536): 0, (128, 65536): 0,
-                (512, 8192): 0, (128, 8192): 0, (8, 65536): 512, (16, 65536): 0,
-                (1, 262144): 512, (4, 4096): 0}
+                (512, 8192): 0, (128, 8192): 0, (8, 65536): 512, (16, 65536): 512,
+                (32, 65536): 512, (1, 262144): 512, (4, 4096): 0}
     for (rows, cols), part in expected.items():
         s = topk.topk_settings(rows, cols, 2048, interpreted=False)
         assert s.place_part == part, (rows, cols)

@@ -82,13 +82,13 @@ RADIX_BITS = 8
 RANK_CHUNK = 128  # pairs ranked per program (BENCHMARKS.md, "The rank kernel's chunk")
 MAX_SAMPLE_WARPS = 8  # the sample kernel's warps: one per 512 sampled columns, 4 to this
 RANK_WIDTH = 4  # bucket members compared per step
-# A short launch of at most PLACE_MAX_FILTER_PROGRAMS filter programs has its candidates
-# counted into their buckets and placed by the count and place kernels, PLACE_PART a
-# program (several programs a row), instead of by the select kernel (one program a row);
-# the place kernel at PLACE_WARPS warps a 4096-bucket block, more for larger blocks;
-# measured in BENCHMARKS.md.
+# A short launch of at most PLACE_MAX_ROWS rows has its candidates counted into their
+# buckets and placed by the count and place kernels, PLACE_PART a program (several
+# programs a row), instead of by the select kernel (one program a row); the place kernel
+# at PLACE_WARPS warps a 4096-bucket block, more for larger blocks; measured in
+# BENCHMARKS.md.
 PLACE_PART = 512
-PLACE_MAX_FILTER_PROGRAMS = 512
+PLACE_MAX_ROWS = 64
 PLACE_WARPS = 4
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
@@ -171,13 +171,12 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     early while the filter has at most ``PDL_MAX_PROGRAMS`` programs, else as the previous
     one's programs exit (rows read whole, and the interpreter, launch plainly). A short
     launch (fewer than ``FILTER_STEPS_FROM`` elements) is the chain of its kernels' steps,
-    not their throughput: with at most ``PLACE_MAX_FILTER_PROGRAMS`` filter programs its
-    candidates are counted and placed ``PLACE_PART`` a program by the count and place
-    kernels, several programs a row, instead of by the select kernel's one (with more
-    rows the split is slower: the L2 serves the count kernel's atomics no faster, every
-    place program takes the row's whole prefix sum, and the filter's many programs each
-    pay for tracking the row's largest key; see BENCHMARKS.md, "The top-k"); with more,
-    the select kernel runs at fewer warps. The rank kernel takes ``RANK_CHUNK`` pairs a program.
+    not their throughput: with at most ``PLACE_MAX_ROWS`` rows its candidates are counted
+    and placed ``PLACE_PART`` a program by the count and place kernels, several programs a
+    row, instead of by the select kernel's one (with more rows the split is slower: the
+    L2 serves the count kernel's atomics no faster, and every place program takes the
+    row's whole prefix sum; see BENCHMARKS.md, "The top-k"); with more, the select kernel
+    runs at fewer warps. The rank kernel takes ``RANK_CHUNK`` pairs a program.
     """
     want_block = max(next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:
@@ -188,7 +187,7 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
-    placed = short and rows * splits <= PLACE_MAX_FILTER_PROGRAMS and not interpreted
+    placed = short and rows <= PLACE_MAX_ROWS and not interpreted
     if count_and_place is not None:
         placed = count_and_place
     hits = PLACED_SAMPLE_HITS if placed else SAMPLE_HITS
