@@ -187,19 +187,19 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     short = rows * cols < FILTER_STEPS_FROM
     steps = max(1 if short else FILTER_STEPS, -(-cols // (MAX_GRID_Y * FILTER_STEP)))
     splits = -(-cols // (steps * FILTER_STEP))
-    placed = short and rows <= PLACE_MAX_ROWS and not interpreted
+    # (The interpreter counts and places, the path with the more to check, two programs a
+    # row, with the sample of the select kernel's path.)
+    placed = (short and rows <= PLACE_MAX_ROWS) or interpreted
     if count_and_place is not None:
         placed = count_and_place
-    hits = PLACED_SAMPLE_HITS if placed else SAMPLE_HITS
+    hits = PLACED_SAMPLE_HITS if placed and not interpreted else SAMPLE_HITS
     sample = min(max(next_power_of_2(hits * cols // k), MIN_SAMPLE), MAX_SAMPLE)
     block = min(max(2 * want_block, next_power_of_2(-(-5 * expected_candidates(
         cols, k, sample) // 4))), MAX_SORTED)
     if interpreted:  # the interpreter's cost is per program: few, large ones
-        # (Candidates counted and placed by two programs a row: the path with the more to
-        # check.)
         steps = -(-cols // (4 * FILTER_STEP))
         return TopKSettings(-(-cols // (steps * FILTER_STEP)), FILTER_STEP, 4, sample, block, 4,
-                            RADIX_BITS, split_steps=steps, place_part=block // 2)
+                            RADIX_BITS, split_steps=steps, place_part=block // 2 if placed else 0)
     return TopKSettings(splits, FILTER_STEP, FILTER_WARPS, sample, block,
                         _select_warps(block, short), RADIX_BITS,
                         split_steps=steps,
