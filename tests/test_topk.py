@@ -325,21 +325,43 @@ def test_long_rows_through_candidates(kind, dtype, split_steps, placement):
     check(logits, k, random_lengths(3, cols, g), settings)
 
 
+def sampled_threshold(keys: torch.Tensor, rank: int, bits: int, digit_bits: int) -> int:
+    """The sample kernel's rule in plain Python: the ``rank``-th largest of ``keys`` (int64
+    holding uint32 keys), decided ``digit_bits`` a pass from the top until ``bits`` bits
+    are decided past the first pass that splits the keys at or above it."""
+    threshold, above, beyond, spent, split, shift = 0, len(keys), 0, 0, False, 32 - digit_bits
+    while spent < bits and shift >= 0:
+        counts = [above] + [int((keys >= threshold | d << shift).sum())
+                            for d in range(1, 1 << digit_bits)]
+        digit = max(d for d, count in enumerate(counts) if count >= rank)
+        past = counts[digit + 1] if digit + 1 < len(counts) else beyond
+        split = split or counts[digit] < above or past > beyond
+        spent += digit_bits if split else 0
+        threshold |= digit << shift
+        above, beyond, shift = counts[digit], past, shift - digit_bits
+    return threshold
+
+
 @pytest.mark.parametrize("digit_bits, threshold_bits", [(1, 16), (2, 16), (4, 16), (1, 12)],
                          ids=["1-bit-passes", "2-bit-passes", "4-bit-passes", "12-bits"])
-@pytest.mark.parametrize("short_rows", [False, True], ids=["full-rows", "short-rows"])
-def test_sample_threshold_is_the_sampled_key(digit_bits, threshold_bits, short_rows):
+@pytest.mark.parametrize("rows_kind", ["full-rows", "short-rows", "offset"])
+def test_sample_threshold_is_the_sampled_key(digit_bits, threshold_bits, rows_kind):
     """The sample kernel's threshold: the r-th largest key of the row's sampled columns (r =
-    expected hits + 4 standard deviations + 8), its top ``threshold_bits`` bits, found 1, 2
-    or 4 bits a pass; sampled columns past a row's length never count."""
+    expected hits + 4 standard deviations + 8), ``threshold_bits`` bits of it past the bits
+    every sampled key at or above it shares (found 1, 2 or 4 bits a pass: for rows of
+    either sign its top bits; for rows of one sign or offset far from 0, finer); sampled
+    columns past a row's length never count."""
     cols, k = 3000, 100
     settings = small_split_settings(k, cols, sample_digit_bits=digit_bits,
                                     threshold_bits=threshold_bits)
     logits = make_logits("normal", 2, cols, torch.float32, seed=17)
     lengths = None
-    if short_rows:  # the short row all negative: columns past it must not count as 0.0
+    if rows_kind == "short-rows":  # the short row all negative: columns past it never count
         lengths = torch.tensor([cols, 1900], dtype=torch.int32, device=DEVICE)
         logits[1] = -logits[1].abs() - 1
+    elif rows_kind == "offset":  # a common offset: the top 16 bits would leave ~1/3 in
+        logits[0] += 50
+        logits[1] -= 1000
     buffers = {}
     check(logits, k, lengths, settings, buffers)
     chunks = settings.sample_block // topk.SAMPLE_CHUNK
@@ -354,9 +376,12 @@ def test_sample_threshold_is_the_sampled_key(digit_bits, threshold_bits, short_r
         m = len(columns)
         expected = -(-min(k, n) * m // n)
         rank = expected + int(math.sqrt(expected) * 4.0) + 8
-        top_bits = (1 << threshold_bits) - 1 << 32 - threshold_bits
-        want = keys.sort(descending=True).values[rank - 1] & top_bits
-        assert int(got[row]) == int(want), (row, n)
+        want = sampled_threshold(keys, rank, threshold_bits, digit_bits)
+        assert int(got[row]) == want, (row, n)
+        if rows_kind == "full-rows" and threshold_bits == 16:  # both signs: the top 16 bits
+            assert want == int(keys.sort(descending=True).values[rank - 1]) & 0xFFFF0000
+        if rows_kind == "offset":
+            assert usable(buffers, settings, torch.full((2,), k)).all()
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)

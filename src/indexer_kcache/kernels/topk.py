@@ -326,10 +326,14 @@ def topk_sample_kernel(
     ``sample_stride`` columns. With ``m`` of them eligible out of ``n``, about
     ``e = want * m / n`` are expected among the row's top ``want = min(k, n)``; the
     threshold is the key of the sample's ``r``-th largest element, ``r = e +
-    MARGIN_SIGMAS * sqrt(e) + MARGIN_EXTRA``, rounded down to its top ``BITS`` bits (found
-    ``DIGIT_BITS`` a pass, each pass a compare with every value of the digit and one sum),
-    so that the row's elements at or above it are usually a little more than ``want``. 0
-    (every element) when the sample is too small for ``r``.
+    MARGIN_SIGMAS * sqrt(e) + MARGIN_EXTRA``, rounded down to ``BITS`` bits past the
+    sampled keys' common prefix (found ``DIGIT_BITS`` a pass from the top, each pass a
+    compare with every value of the digit and one sum; a pass whose digit every sampled
+    key at or above the threshold so far shares, before any pass that splits them, is
+    free), so that the row's elements at or above it are usually a little more than
+    ``want`` whatever the logits' offset: rounding to the key's top bits alone, logits of
+    50 + N(0, 1) overflowed the candidates. 0 (every element) when the sample is too small
+    for ``r``.
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
@@ -349,19 +353,37 @@ def topk_sample_kernel(
     rank = expected + spread.to(tl.int32) + MARGIN_EXTRA
     threshold = tl.zeros([], tl.uint32)
     if (want > 0) & (rank <= m):
-        if DIGIT_BITS == 1:  # a bit a pass: one trial value, one sum
-            one = tl.full([], 1, tl.uint32)
-            for bit in range(0, BITS):
-                trial = threshold | (one << tl.cast(31 - bit, tl.uint32))
-                count = tl.sum((key >= trial).to(tl.int32), 0)
-                threshold = tl.where(count >= rank, trial, threshold)
-        else:  # the counts at every value of the next digit in one sum
-            digits = tl.arange(0, 1 << DIGIT_BITS).to(tl.uint32)
-            for d in range(0, BITS // DIGIT_BITS):
-                shift = tl.cast(32 - DIGIT_BITS * (d + 1), tl.uint32)
-                trial = threshold | (digits << shift)
+        # The group: the sampled keys that agree with the threshold's decided digits, those
+        # in [threshold, threshold + 2**(shift + DIGIT_BITS)); `above` of the sampled keys
+        # lie at or above the threshold, `beyond` above the group (beyond < rank <= above).
+        above = m
+        beyond = tl.zeros([], tl.int32)
+        spent = tl.zeros([], tl.int32)  # bits decided since the first pass that split the group
+        split = m < 0  # False
+        shift = tl.full([], 32 - DIGIT_BITS, tl.int32)
+        while (spent < BITS) & (shift >= 0):
+            if DIGIT_BITS == 1:  # a bit a pass: one trial value, one sum
+                count = tl.sum((key >= (threshold | (1 << shift.to(tl.uint32)))).to(tl.int32), 0)
+                digit = (count >= rank).to(tl.uint32)
+                at = tl.where(count >= rank, count, above)  # keys at or above the chosen
+                past = tl.where(count >= rank, beyond, count)  # keys past the chosen digit
+            else:  # the counts at every value of the next digit in one sum
+                digits = tl.arange(0, 1 << DIGIT_BITS).to(tl.uint32)
+                trial = threshold | (digits << shift.to(tl.uint32))
                 count = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), 0)
-                threshold |= tl.max(tl.where(count >= rank, digits, 0), 0) << shift
+                # (At digit 0 the trial is the threshold: `above`, which the sum of a zero
+                # threshold would exceed by the columns past the row.)
+                count = tl.where(digits == 0, above, count)
+                digit = tl.max(tl.where(count >= rank, digits, 0), 0)
+                at = tl.sum(tl.where(digits == digit, count, 0), 0)
+                past = tl.sum(tl.where(digits == digit + 1, count, 0), 0) + tl.where(
+                    digit == (1 << DIGIT_BITS) - 1, beyond, 0)
+            split = split | (at < above) | (past > beyond)
+            spent += tl.where(split, DIGIT_BITS, 0)
+            threshold |= digit << shift.to(tl.uint32)
+            above = at
+            beyond = past
+            shift -= DIGIT_BITS
     tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
     tl.store(cand_count_ptr + row * COUNTER_ROW + tl.arange(0, 2) * MAX_KEY_FIELD,
              tl.zeros([2], tl.int32))
