@@ -2,7 +2,8 @@
 imported, at the issue's shapes, beside ``torch.topk`` (or, with ``--variants``,
 ``topk_gpu.py``'s candidate settings instead of ``torch.topk``).
 
-    PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--variants [--only ...]]
+    PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--offset 50]
+        [--variants [--only ...]]
 
 Run it alternately on two revisions on one GPU: each row checks the result of two inputs
 against the reference, then prints the median and all three of three CUDA-graph timings
@@ -32,12 +33,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("label")
     parser.add_argument("--variants", action="store_true")
+    parser.add_argument("--offset", type=float, default=0.0,
+                        help="added to every logit (the sample's threshold with an offset)")
     parser.add_argument("--only", nargs="*", default=None,
                         help="with --variants: these labels (and the default) only")
     args = parser.parse_args()
     device = torch.device("cuda")
     for rows, cols in SHAPES:
-        logits = make_logits(rows, cols, device, seed=rows + cols)
+        logits = [x + args.offset for x in make_logits(rows, cols, device, seed=rows + cols)]
         outs = [torch.empty(rows, K, dtype=torch.int32, device=device) for _ in logits]
         settings = (candidate_settings(rows, cols, K, quick=False) if args.variants
                     else {"default": topk.topk_settings(rows, cols, K)})
