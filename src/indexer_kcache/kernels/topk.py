@@ -611,12 +611,35 @@ def _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row
     # Each pair's bucket start from registers (through shared memory), not read back.
     first = tl.gather(start, bucket, 0)
     tl.store(sorted_row_ptr + first + slot, pair.to(tl.int64, bitcast=True), mask=valid)
+    _store_range(meta_row_ptr, top, shift)
+    _store_extent(meta_row_ptr, start, count, want)
+
+
+@triton.jit
+def _store_range(meta_row_ptr, top, shift):
+    """``meta_row[:2] = top, shift``: the bucket range."""
+    field = tl.arange(0, 2)
+    tl.store(meta_row_ptr + field,
+             tl.where(field == 0, top.to(tl.int64, bitcast=True), shift.to(tl.int64)))
+
+
+@triton.jit
+def _store_extent(meta_row_ptr, start, count, want):
+    """``meta_row[2:4] = end, want``: ``end`` the number of pairs in the buckets (``start``,
+    ``count``) that start below ``want``, where every rank below ``want`` lies."""
     end = tl.sum(tl.where(start < want, count, 0), 0)
-    field = tl.arange(0, 4)
-    meta = tl.where(field == 0, top.to(tl.int64, bitcast=True),
-                    tl.where(field == 1, shift.to(tl.int64),
-                             tl.where(field == 2, end.to(tl.int64), want.to(tl.int64))))
-    tl.store(meta_row_ptr + field, meta)
+    field = tl.arange(0, 2)
+    tl.store(meta_row_ptr + 2 + field, tl.where(field == 0, end, want).to(tl.int64))
+
+
+@triton.jit
+def _fill_unranked(out_row_ptr, want, k, WIDTH: tl.constexpr):
+    """``out_row[want:k] = -1`` (no column), ``WIDTH`` a step; counted in int64, as ``k``
+    may lie within a step of ``2**31``."""
+    for first in range(0, k.to(tl.int64), WIDTH):
+        rank = first + tl.arange(0, WIDTH)
+        tl.store(out_row_ptr + rank, tl.full([WIDTH], -1, tl.int32),
+                 mask=(rank >= want) & (rank < k))
 
 
 @triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
@@ -685,12 +708,7 @@ def topk_select_kernel(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
     _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
-    out_row_ptr = out_ptr + row * out_row_stride
-    for start in range(0, k.to(tl.int64), BLOCK):  # ranks want .. k - 1: no column (int64:
-        # k may lie within a step of 2**31)
-        rank = start + i
-        tl.store(out_row_ptr + rank, tl.full([BLOCK], -1, tl.int32),
-                 mask=(rank >= want) & (rank < k))
+    _fill_unranked(out_ptr + row * out_row_stride, want, k, BLOCK)
 
 
 @triton.jit(do_not_specialize=["cols", "k", "capacity", "low_skip"])
@@ -770,14 +788,6 @@ def topk_count_kernel(
         _store_range(meta_row_ptr, top, shift)
 
 
-@triton.jit
-def _store_range(meta_row_ptr, top, shift):
-    """``meta_row[:2] = top, shift``: the bucket range."""
-    field = tl.arange(0, 2)
-    tl.store(meta_row_ptr + field,
-             tl.where(field == 0, top.to(tl.int64, bitcast=True), shift.to(tl.int64)))
-
-
 @triton.jit(do_not_specialize=["cols", "k", "capacity"])
 def topk_place_kernel(
     cols, lengths_ptr, k, cand_ptr, cand_count_ptr, capacity, cand_slot_ptr,
@@ -820,14 +830,8 @@ def topk_place_kernel(
     tl.store(scratch_ptr + row * BLOCK + first + slot, pair.to(tl.int64, bitcast=True),
              mask=valid)
     if part == 0:
-        end = tl.sum(tl.where(start < want, count, 0), 0)
-        field = tl.arange(0, 2)
-        tl.store(meta_row_ptr + 2 + field, tl.where(field == 0, end, want).to(tl.int64))
-        out_row_ptr = out_ptr + row * out_row_stride
-        for first_rank in range(0, k.to(tl.int64), PART):  # ranks want .. k - 1: no column
-            rank = first_rank + tl.arange(0, PART)
-            tl.store(out_row_ptr + rank, tl.full([PART], -1, tl.int32),
-                     mask=(rank >= want) & (rank < k))
+        _store_extent(meta_row_ptr, start, count, want)
+        _fill_unranked(out_ptr + row * out_row_stride, want, k, PART)
 
 
 @triton.jit
