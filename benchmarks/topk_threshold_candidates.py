@@ -16,6 +16,7 @@ import math
 import torch
 
 from indexer_kcache import topk
+from indexer_kcache.reference.topk import kernel_keys, sample_threshold
 
 K = 2048
 SHAPES = [(64, 65536), (512, 8192), (1, 131072)]
@@ -23,27 +24,9 @@ OFFSETS = {"N(0,1)": 0.0, "5 + N(0,1)": 5.0, "50 + N(0,1)": 50.0, "-50 + N(0,1)"
            "1000 + N(0,1)": 1000.0}
 
 
-def keys_of(x: torch.Tensor) -> torch.Tensor:
-    bits = x.view(torch.int32).long() & 0xFFFFFFFF
-    return torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)
-
-
 def top_bits_threshold(keys: torch.Tensor, rank: int, bits: int = 16) -> int:
+    """The rule before: the ``rank``-th largest key rounded down to its top ``bits`` bits."""
     return int(keys.sort(descending=True).values[rank - 1]) >> (32 - bits) << (32 - bits)
-
-
-def past_prefix_threshold(keys: torch.Tensor, rank: int, bits: int = 16) -> int:
-    threshold, above, beyond, spent, split = 0, len(keys), 0, 0, False
-    for shift in range(31, -1, -1):
-        if spent >= bits:
-            break
-        count = int((keys >= threshold | 1 << shift).sum())
-        at, past = (count, beyond) if count >= rank else (above, count)
-        split = split or at < above or past > beyond
-        spent += split
-        threshold |= (count >= rank) << shift
-        above, beyond = at, past
-    return threshold
 
 
 def main() -> None:
@@ -63,9 +46,9 @@ def main() -> None:
         for name, offset in OFFSETS.items():
             before, now = [], []
             for _ in range(5):
-                keys = keys_of(offset + torch.randn(cols, generator=g))
+                keys = kernel_keys(offset + torch.randn(cols, generator=g))
                 before.append(int((keys >= top_bits_threshold(keys[sampled], rank)).sum()))
-                now.append(int((keys >= past_prefix_threshold(keys[sampled], rank)).sum()))
+                now.append(int((keys >= sample_threshold(keys[sampled], rank)).sum()))
             print(f"{rows:5} x {cols:<6} {name:>14} {s.block:6}  {before} | {now}")
 
 

@@ -325,23 +325,6 @@ def test_long_rows_through_candidates(kind, dtype, split_steps, placement):
     check(logits, k, random_lengths(3, cols, g), settings)
 
 
-def sampled_threshold(keys: torch.Tensor, rank: int, bits: int, digit_bits: int) -> int:
-    """The sample kernel's rule in plain Python: the ``rank``-th largest of ``keys`` (int64
-    holding uint32 keys), decided ``digit_bits`` a pass from the top until ``bits`` bits
-    are decided past the first pass that splits the keys at or above it."""
-    threshold, above, beyond, spent, split, shift = 0, len(keys), 0, 0, False, 32 - digit_bits
-    while spent < bits and shift >= 0:
-        counts = [above] + [int((keys >= threshold | d << shift).sum())
-                            for d in range(1, 1 << digit_bits)]
-        digit = max(d for d, count in enumerate(counts) if count >= rank)
-        past = counts[digit + 1] if digit + 1 < len(counts) else beyond
-        split = split or counts[digit] < above or past > beyond
-        spent += digit_bits if split else 0
-        threshold |= digit << shift
-        above, beyond, shift = counts[digit], past, shift - digit_bits
-    return threshold
-
-
 @pytest.mark.parametrize("digit_bits, threshold_bits", [(1, 16), (2, 16), (4, 16), (1, 12)],
                          ids=["1-bit-passes", "2-bit-passes", "4-bit-passes", "12-bits"])
 @pytest.mark.parametrize("rows_kind", ["full-rows", "short-rows", "offset"])
@@ -371,12 +354,11 @@ def test_sample_threshold_is_the_sampled_key(digit_bits, threshold_bits, rows_ki
     for row in range(2):
         n = cols if lengths is None else int(lengths[row])
         columns = [c for c in range(n) if c % stride < topk.SAMPLE_CHUNK]
-        bits = logits[row, columns].cpu().contiguous().view(torch.int32).long() & 0xFFFFFFFF
-        keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)  # no NaN, no -0.0
+        keys = reference.kernel_keys(logits[row, columns].cpu())
         m = len(columns)
         expected = -(-min(k, n) * m // n)
         rank = expected + int(math.sqrt(expected) * 4.0) + 8
-        want = sampled_threshold(keys, rank, threshold_bits, digit_bits)
+        want = reference.sample_threshold(keys, rank, threshold_bits, digit_bits)
         assert int(got[row]) == want, (row, n)
         if rows_kind == "full-rows" and threshold_bits == 16:  # both signs: the top 16 bits
             assert want == int(keys.sort(descending=True).values[rank - 1]) & 0xFFFF0000

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NUMBER", "NOT_A_NUMBER", "INELIGIBLE", "order_keys", "rank_classes", "top_k_indices"]
+__all__ = ["NUMBER", "NOT_A_NUMBER", "INELIGIBLE", "kernel_keys", "order_keys", "rank_classes",
+           "sample_threshold", "top_k_indices"]
 
 # Rank classes, best first: every number ranks above every NaN, which ranks above every
 # column past the row's length (never selected).
@@ -49,6 +50,30 @@ def order_keys(logits: torch.Tensor) -> torch.Tensor:
         bits = logits.view(torch.int32)
     bits = torch.where(bits == torch.iinfo(torch.int32).min, 0, bits)  # -0.0 ties +0.0
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def kernel_keys(logits: torch.Tensor) -> torch.Tensor:
+    """int64 holding the kernels' uint32 keys of ``logits``: ``order_keys`` shifted to
+    unsigned, NaN 0 (below every number's key)."""
+    return torch.where(logits.isnan(), 0, order_keys(logits).to(torch.int64) + 2**31)
+
+
+def sample_threshold(keys: torch.Tensor, rank: int, bits: int = 16, digit_bits: int = 1) -> int:
+    """The Triton sample kernel's threshold for its sampled ``keys`` (``kernel_keys`` of the
+    eligible sampled columns): the ``rank``-th largest key, decided ``digit_bits`` a pass
+    from the top until ``bits`` bits are decided past the first pass that splits the keys
+    at or above it. It decides how much work the kernels do, never their result."""
+    threshold, above, beyond, spent, split, shift = 0, len(keys), 0, 0, False, 32 - digit_bits
+    while spent < bits and shift >= 0:
+        counts = [above] + [int((keys >= threshold | d << shift).sum())
+                            for d in range(1, 1 << digit_bits)]
+        digit = max(d for d, count in enumerate(counts) if count >= rank)
+        past = counts[digit + 1] if digit + 1 < len(counts) else beyond
+        split = split or counts[digit] < above or past > beyond
+        spent += digit_bits if split else 0
+        threshold |= digit << shift
+        above, beyond, shift = counts[digit], past, shift - digit_bits
+    return threshold
 
 
 def top_k_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None
