@@ -154,10 +154,10 @@ def check_bucket_range(buffers, settings, placement, rows) -> None:
     with every column bit set down to the threshold's key (count kernel); the shift the
     smallest that maps the span below ``block``."""
     meta, count = buffers["meta"].cpu(), buffers["cand_count"].cpu()
-    cand = buffers["cand"].cpu() & 0xFFFFFFFFFFFFFFFF  # as unsigned (Python ints below)
+    cand = buffers["cand"].cpu()
     threshold = buffers["threshold"].cpu().long() & 0xFFFFFFFF
     for row in range(rows):
-        pairs = [int(x) & (2**64 - 1) for x in cand[row, :count[row]]]
+        pairs = [int(x) & (2**64 - 1) for x in cand[row, :count[row]]]  # as unsigned
         if placement == "count-and-place":
             top = (max(pairs) >> 32) << 32 | 0xFFFFFFFF
             bottom = int(threshold[row]) << 32
