@@ -677,9 +677,18 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
         candidates = dict(cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32")
         placed = dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
                       out_row_stride="i32")
-        compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", **candidates, **placed),
-                 dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BLOCK=4096,
-                      STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=pdl), target, num_warps=8)
+        # On NVIDIA, counting in shared memory (inline PTX): one statement a thread, whose
+        # sixteen pairs (4096 over 8 warps) are sixteen atomic adds.
+        nvidia = target.backend == "cuda"
+        kernel = compile_(topk_select_kernel,
+                          dict(rows, k="i32", low_skip="i32", **candidates, **placed),
+                          dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True,
+                               BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8,
+                               SHARED_SLOTS=nvidia, USE_PDL=pdl), target, num_warps=8)
+        ptx = kernel.asm["ptx"] if nvidia else ""
+        if nvidia and (ptx.count(".b32 counters[") != 1
+                       or ptx.count("@p atom.shared.add.u32") != 16):
+            raise AssertionError(f"{target}: the shared counting statement was copied")
         compile_(topk_count_kernel, dict(rows, k="i32", low_skip="i32", threshold_ptr="*i32",
                                          **candidates, cand_slot_ptr="*i32", counts_ptr="*i32",
                                          meta_ptr="*i64"),
@@ -781,8 +790,8 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100 (bf16 queries for
     sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels for sm_80, sm_90,
-    sm_100 and gfx942; the store and a reader for sm_80 too (integer conversions, no
-    dependent launch). Nothing runs."""
+    sm_100 and gfx942 (the select kernel's counting in shared memory on NVIDIA); the store
+    and a reader for sm_80 too (integer conversions, no dependent launch). Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")

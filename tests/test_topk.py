@@ -594,6 +594,28 @@ def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
         check_pdl_mode([launch for launch in launches if callable(launch)], mode)
 
 
+@pytest.mark.parametrize("block, warps, fits", [(4096, 16, True), (4096, 8, True),
+                                                 (128, 4, True), (8192, 16, False),
+                                                 (64, 4, False)])
+def test_shared_slots_reach_the_select_kernel_on_nvidia_only(monkeypatch, block, warps, fits):
+    """``shared_slots`` makes the select kernel count in shared memory (``SHARED_SLOTS``)
+    on an NVIDIA GPU where the block fits (a whole number of pairs a thread, counters
+    within ``SHARED_SLOTS_MAX_BLOCK``); never here, nor by default."""
+    assert topk.shared_slots_fit(block, warps) == fits
+    logits = torch.randn(2, 9000)
+    plan = topk.check_topk(topk.top_k_indices_into.op.bind(
+        logits, None, torch.empty(2, 64, dtype=torch.int32)))
+    settings = topk.topk_settings(2, 9000, 64, interpreted=False)._replace(
+        place_part=0, block=block, select_warps=warps)
+    assert not settings.shared_slots
+    on = settings._replace(shared_slots=True)
+    assert not topk._launches(plan, on).select.state.fixed["SHARED_SLOTS"]
+    monkeypatch.setattr(topk.checks, "nvidia_capability", lambda device: (9, 0))
+    gpu_plan = dataclasses.replace(plan, device=torch.device("cuda", 0), launches={})
+    assert not topk._launches(gpu_plan, settings).select.state.fixed["SHARED_SLOTS"]
+    assert topk._launches(gpu_plan, on).select.state.fixed["SHARED_SLOTS"] == fits
+
+
 def check_pdl_mode(kernels, mode):
     for launch in kernels:
         assert launch.state.fixed["USE_PDL"] == mode
@@ -777,6 +799,27 @@ def test_warp_append_filter_on_odd_rows(placement, kind, dtype, split_steps):
     if kind != "few-distinct":  # (ties at the threshold may overflow the buffer: exact anyway)
         assert usable(buffers, settings, torch.tensor([k, k, k])).all()
     check(logits, k, random_lengths(3, cols, g), settings)
+
+
+# (rows, cols, k): rows read whole at blocks of 128 to 4096 pairs (one to eight a
+# thread), candidates of long rows at 16 and 8 warps (eight and sixteen a thread).
+SHARED_SLOTS_SHAPES = [(3, 100, 64), (5, 1000, 300), (4, 4096, 2048), (512, 8192, 2048),
+                       (128, 8192, 2048), (64, 65536, 2048)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["normal", "few-distinct", "all-equal", "specials"])
+@pytest.mark.parametrize("rows, cols, k", SHARED_SLOTS_SHAPES,
+                         ids=[f"{r}x{c}-k{k}" for r, c, k in SHARED_SLOTS_SHAPES])
+def test_select_kernel_counting_in_shared_memory(rows, cols, k, kind):
+    """``shared_slots``: the select kernel's bucket counts and slots from atomic adds on
+    shared memory (inline PTX) give the reference's indices, crowded buckets (few
+    distinct values, all equal) and ragged lengths included."""
+    settings = topk.topk_settings(rows, cols, k)._replace(place_part=0, shared_slots=True)
+    assert topk.shared_slots_fit(settings.block, settings.select_warps)
+    logits = make_logits(kind, rows, cols, torch.float32, seed=rows + cols + k)
+    for lengths in (None, random_lengths(rows, cols, generator(cols))):
+        check(logits, k, lengths, settings)
 
 
 @pytest.mark.gpu

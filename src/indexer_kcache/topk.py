@@ -90,6 +90,10 @@ RANK_WIDTH = 4  # bucket members compared per step
 PLACE_PART = 512
 PLACE_MAX_ROWS = 64
 PLACE_WARPS = 4
+# The select kernel's shared counters (4 bytes a bucket) are static shared memory beside
+# what Triton allocates (as many bytes again at these blocks): within the 48 KiB a launch
+# may take without opting in to more.
+SHARED_SLOTS_MAX_BLOCK = 4096
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
 # measured in BENCHMARKS.md.
@@ -123,6 +127,10 @@ class TopKSettings(NamedTuple):
     # of the select kernel (one program a row); 0: the select kernel (with splits only).
     place_part: int = 0
     place_warps: int = PLACE_WARPS  # the place kernel's (the count kernel takes PLACE_WARPS)
+    # The select kernel counts its pairs into their buckets by atomic adds on shared memory
+    # (inline PTX: NVIDIA, blocks of at most SHARED_SLOTS_MAX_BLOCK pairs, a whole number a
+    # thread) instead of on its row of ``counts`` in device memory. Not timed yet: off.
+    shared_slots: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -334,7 +342,8 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
         **common, k=k,
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
+        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits,
+        SHARED_SLOTS=nvidia and s.shared_slots and shared_slots_fit(s.block, s.select_warps))
     rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
                               out_row_stride=plan.out_row_stride, BLOCK=s.block,
                               CHUNK=rank_chunk(s),
@@ -342,6 +351,13 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
     return TopKLaunches(sample, filter_, filter_grid, select, count, place,
                         (rows, s.block // s.place_part) if counted else None,
                         rank, (rows, rank_programs(s, k, cols)))
+
+
+def shared_slots_fit(block: int, warps: int) -> bool:
+    """Whether the select kernel can count ``block`` pairs in shared memory at ``warps``:
+    a whole number of pairs a thread (one PTX statement each) and counters within
+    ``SHARED_SLOTS_MAX_BLOCK``."""
+    return block % (32 * warps) == 0 and block <= SHARED_SLOTS_MAX_BLOCK
 
 
 def rank_chunk(s: TopKSettings) -> int:

@@ -576,24 +576,80 @@ def _bucket_of(pair, top, shift, BUCKETS: tl.constexpr):
 
 @triton.jit
 def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, SHARED_SLOTS: tl.constexpr):
     """Writes the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``) to ``sorted_row`` (int64
     ``[BLOCK]``) bucket by bucket, over ``BLOCK`` buckets from the largest pair to the
-    smallest, counted here by atomic adds (``_write_placed`` does the rest)."""
+    smallest, counted here by atomic adds (``_write_placed`` does the rest): in shared
+    memory with ``SHARED_SLOTS`` (``_shared_slots``), else on ``counts_row``."""
     top = tl.max(tl.where(valid, pair, 0), 0)
     bottom = ~tl.max(tl.where(valid, ~pair, 0), 0)
     shift = _shift_for(top - bottom, BLOCK)
     bucket = tl.where(valid, _bucket_of(pair, top, shift, BLOCK), 0)
     bins = tl.arange(0, BLOCK)
-    tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
-    tl.debug_barrier()
-    # The old count is the pair's slot in its bucket (atomics give every pair its own).
-    slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32), mask=valid,
-                         sem="relaxed")
-    tl.debug_barrier()
-    count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
+    if SHARED_SLOTS:
+        slot, count = _shared_slots(bucket, bins, valid, BLOCK)
+        tl.store(counts_row_ptr + bins, count)  # for the rank kernel
+    else:
+        tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
+        tl.debug_barrier()
+        # The old count is the pair's slot in its bucket (atomics give every pair its own).
+        slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32),
+                             mask=valid, sem="relaxed")
+        tl.debug_barrier()
+        count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
     _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row_ptr,
                   sorted_row_ptr, meta_row_ptr, BLOCK)
+
+
+@triton.constexpr_function
+def _shared_slots_ptx(pack, buckets):
+    """PTX of ``_shared_slots`` for ``pack`` elements a thread and ``buckets`` counters.
+
+    Operands: ``pack`` slots and ``pack`` counts (results), then ``pack`` each of: the
+    elements' buckets, their indices (``bins``), whether they count. The counters are a
+    static shared array of the statement's own, which no Triton operation touches: zeroed
+    through ``bins`` (every counter is some thread's element), a barrier, one shared atomic
+    add per counted element (the old value is its slot), a barrier, each element's
+    counter read back through ``bins``. A third barrier keeps the array's next use (none
+    in a program today) behind the reads."""
+    slot, count, bucket, index, take = (pack * i for i in range(5))
+    lines = ["{", f".shared .align 16 .b32 counters[{buckets}];",
+             ".reg .pred p;", ".reg .b32 base, address;", "mov.u32 base, counters;"]
+    for e in range(pack):
+        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;", "st.shared.u32 [address], 0;"]
+    lines.append("bar.sync 0;")
+    for e in range(pack):
+        lines += [f"setp.ne.u32 p, ${take + e}, 0;", f"mad.lo.u32 address, ${bucket + e}, 4, base;",
+                  f"mov.u32 ${slot + e}, 0;", f"@p atom.shared.add.u32 ${slot + e}, [address], 1;"]
+    lines.append("bar.sync 0;")
+    for e in range(pack):
+        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;",
+                  f"ld.shared.u32 ${count + e}, [address];"]
+    lines += ["bar.sync 0;", "}"]
+    return "\n".join(lines)
+
+
+@triton.constexpr_function
+def _shared_slots_constraints(pack):
+    return ",".join(["=r"] * (2 * pack) + ["r"] * (3 * pack))
+
+
+@triton.constexpr_function
+def _elements_per_thread(block, warps):
+    return block // (32 * warps)
+
+
+@triton.jit
+def _shared_slots(bucket, bins, valid, BLOCK: tl.constexpr):
+    """(slot, count) int32 ``[BLOCK]``: each ``valid`` element's slot in its ``bucket``
+    (the number of elements counted there before it, in no fixed order) and the count of
+    bucket ``bins[i]``, by atomic adds on shared memory (NVIDIA only; one PTX statement a
+    thread: ``BLOCK`` a whole multiple of the program's threads)."""
+    PACK: tl.constexpr = _elements_per_thread(BLOCK, tl.extra.cuda.num_warps())
+    return tl.inline_asm_elementwise(
+        _shared_slots_ptx(PACK, BLOCK), _shared_slots_constraints(PACK),
+        [bucket, bins, valid.to(tl.int32)], dtype=(tl.int32, tl.int32), is_pure=False,
+        pack=PACK)
 
 
 @triton.jit
@@ -653,6 +709,7 @@ def topk_select_kernel(
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    SHARED_SLOTS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): the pairs that ``topk_rank_kernel`` ranks, placed bucket by bucket
@@ -707,7 +764,7 @@ def topk_select_kernel(
         pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
-    _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
+    _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK, SHARED_SLOTS)
     _fill_unranked(out_ptr + row * out_row_stride, want, k, BLOCK)
 
 
