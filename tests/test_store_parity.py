@@ -719,6 +719,22 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                      dict(pointers, **scalars, **({"q_ptr": "*i16"} if q_form == 0 else {})),
                      dict(portable, USE_FP4=use_fp4, Q_FORM=q_form), target, num_warps=4,
                      num_stages=2)
+    # Two more GPUs users own, each in the forms the settings take there: NVIDIA sm_120
+    # (consumer Blackwell: the native dots as mma.sync, no wgmma) and AMD gfx950 (MI355X).
+    SM120, GFX950 = GPUTarget("cuda", 120, 32), GPUTarget("hip", "gfx950", 64)
+    for use_fp4 in (False, True):
+        compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+                 dict(constexprs, USE_FP4=use_fp4, RELU_BY_ABS=use_fp4, HINT_TILES=0,
+                      PROGRAM_FOLD=use_fp4), SM120, num_warps=4, num_stages=6)
+    compile_(paged_mqa_logits_kernel, dict(pointers, **scalars), dict(portable, USE_FP4=True),
+             GFX950, num_warps=4, num_stages=2)
+    compile_(indexer_k_store_kernel, store, dict(base, **aiter, EXACT_CASTS=True, USE_PDL=False),
+             GFX950, num_warps=2)
+    for target, shared in ((SM120, True), (GFX950, False)):
+        compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", **candidates, **placed),
+                 dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BLOCK=4096,
+                      STREAM_BLOCK=4096, RADIX_BITS=8, SHARED_SLOTS=shared, USE_PDL=0),
+                 target, num_warps=16)
     print("compiled")
 """)
 
@@ -791,7 +807,9 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100 (bf16 queries for
     sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels for sm_80, sm_90,
     sm_100 and gfx942 (the select kernel's counting in shared memory on NVIDIA); the store
-    and a reader for sm_80 too (integer conversions, no dependent launch). Nothing runs."""
+    and a reader for sm_80 too (integer conversions, no dependent launch); the scorer and
+    the select kernel for NVIDIA sm_120 and AMD gfx950, with the store for the latter.
+    Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")
