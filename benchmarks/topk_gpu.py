@@ -19,7 +19,8 @@ of it (``sampled``: short rows through the sample and filter kernels; ``direct``
 to 8192 columns ranked whole; ``select-kernel``/``count-and-place``: the candidates
 counted into their buckets and placed by the other kernels than the default's;
 ``place-<part>-w<warps>``: the count and place kernels at other sizes; ``shared-slots``:
-the select kernel counting its pairs into their buckets in shared memory;
+the select kernel counting its pairs into their buckets in shared memory; ``shared-rank``:
+ranking them there too, without the rank kernel;
 ``sample-x2``/``-x4``: a sample two or four times larger).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
@@ -90,6 +91,7 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         sampled = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                      direct_max_cols=0)._asdict()
         variants = [("shared-slots", dict(shared_slots=True)),
+                    ("shared-rank", dict(shared_rank=True)),
                     ("sampled", sampled), ("direct-w8", dict(select_warps=8)),
                     ("select-w32", dict(select_warps=32)), ("select-reg64", dict(max_registers=64))]
     else:
@@ -103,12 +105,12 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         # The other placement, with its own sample and block.
         other = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                    count_and_place=not base.place_part)._asdict()
-        # The select kernel counting in shared memory (on the default's sample and block,
-        # or on its own where the default counts and places).
-        shared = (dict(other, shared_slots=True) if base.place_part
-                  else dict(shared_slots=True))
+        # The select kernel counting (and ranking) in shared memory, on the default's sample
+        # and block, or on its own where the default counts and places.
+        select = other if base.place_part else {}
         variants = [
-            ("shared-slots", shared),
+            ("shared-slots", dict(select, shared_slots=True)),
+            ("shared-rank", dict(select, shared_rank=True)),
             ("select-kernel" if base.place_part else "count-and-place", other),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
         ]

@@ -677,18 +677,21 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
         candidates = dict(cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32")
         placed = dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
                       out_row_stride="i32")
-        # On NVIDIA, counting in shared memory (inline PTX): one statement a thread, whose
-        # sixteen pairs (4096 over 8 warps) are sixteen atomic adds.
+        # On NVIDIA, counting (and ranking) in shared memory (inline PTX): one statement a
+        # thread each, whose sixteen pairs (4096 over 8 warps) are sixteen atomic adds.
         nvidia = target.backend == "cuda"
-        kernel = compile_(topk_select_kernel,
-                          dict(rows, k="i32", low_skip="i32", **candidates, **placed),
-                          dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True,
-                               BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8,
-                               SHARED_SLOTS=nvidia, USE_PDL=pdl), target, num_warps=8)
-        ptx = kernel.asm["ptx"] if nvidia else ""
-        if nvidia and (ptx.count(".b32 counters[") != 1
-                       or ptx.count("@p atom.shared.add.u32") != 16):
-            raise AssertionError(f"{target}: the shared counting statement was copied")
+        for shared_rank in (False, True) if nvidia else (False,):
+            kernel = compile_(topk_select_kernel,
+                              dict(rows, k="i32", low_skip="i32", **candidates, **placed),
+                              dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True,
+                                   BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8,
+                                   SHARED_SLOTS=nvidia and not shared_rank,
+                                   SHARED_RANK=shared_rank, USE_PDL=pdl), target, num_warps=8)
+            ptx = kernel.asm["ptx"] if nvidia else ""
+            if nvidia and (ptx.count(".b8 topk_shared[") != 1
+                           or ptx.count("@p atom.shared.add.u32") != 16
+                           or ptx.count("topk_rank_done_15:") != int(shared_rank)):
+                raise AssertionError(f"{target}: a shared-memory statement was copied")
         compile_(topk_count_kernel, dict(rows, k="i32", low_skip="i32", threshold_ptr="*i32",
                                          **candidates, cand_slot_ptr="*i32", counts_ptr="*i32",
                                          meta_ptr="*i64"),
@@ -733,8 +736,8 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
     for target, shared in ((SM120, True), (GFX950, False)):
         compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", **candidates, **placed),
                  dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BLOCK=4096,
-                      STREAM_BLOCK=4096, RADIX_BITS=8, SHARED_SLOTS=shared, USE_PDL=0),
-                 target, num_warps=16)
+                      STREAM_BLOCK=4096, RADIX_BITS=8, SHARED_SLOTS=False, SHARED_RANK=shared,
+                      USE_PDL=0), target, num_warps=16)
     print("compiled")
 """)
 
@@ -804,12 +807,12 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     does (globals a kernel may read, types, layouts, register allocation). Compile the store
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
-    TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100 (bf16 queries for
-    sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels for sm_80, sm_90,
-    sm_100 and gfx942 (the select kernel's counting in shared memory on NVIDIA); the store
-    and a reader for sm_80 too (integer conversions, no dependent launch); the scorer and
-    the select kernel for NVIDIA sm_120 and AMD gfx950, with the store for the latter.
-    Nothing runs."""
+    TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100
+    (bf16 queries for sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels
+    for sm_80, sm_90, sm_100 and gfx942 (on NVIDIA the select kernel's counting and ranking
+    in shared memory too); the store and a reader for sm_80 too (integer conversions, no
+    dependent launch); the scorer and the select kernel for NVIDIA sm_120 and AMD gfx950,
+    with the store for the latter. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")

@@ -597,23 +597,35 @@ def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
 @pytest.mark.parametrize("block, warps, fits", [(4096, 16, True), (4096, 8, True),
                                                  (128, 4, True), (8192, 16, False),
                                                  (64, 4, False)])
-def test_shared_slots_reach_the_select_kernel_on_nvidia_only(monkeypatch, block, warps, fits):
-    """``shared_slots`` makes the select kernel count in shared memory (``SHARED_SLOTS``)
-    on an NVIDIA GPU where the block fits (a whole number of pairs a thread, counters
-    within ``SHARED_SLOTS_MAX_BLOCK``); never here, nor by default."""
+def test_shared_memory_settings_reach_the_select_kernel_on_nvidia_only(monkeypatch, block,
+                                                                       warps, fits):
+    """``shared_slots`` makes the select kernel count in shared memory (``SHARED_SLOTS``),
+    ``shared_rank`` also rank there (``SHARED_RANK``, and no rank kernel), on an NVIDIA GPU
+    where the block fits (a whole number of pairs a thread, at most
+    ``SHARED_SLOTS_MAX_BLOCK``); never here, nor by default."""
     assert topk.shared_slots_fit(block, warps) == fits
     logits = torch.randn(2, 9000)
     plan = topk.check_topk(topk.top_k_indices_into.op.bind(
         logits, None, torch.empty(2, 64, dtype=torch.int32)))
     settings = topk.topk_settings(2, 9000, 64, interpreted=False)._replace(
         place_part=0, block=block, select_warps=warps)
-    assert not settings.shared_slots
-    on = settings._replace(shared_slots=True)
-    assert not topk._launches(plan, on).select.state.fixed["SHARED_SLOTS"]
+    assert not settings.shared_slots and not settings.shared_rank
+    slots = settings._replace(shared_slots=True)
+    rank = settings._replace(shared_rank=True)
+
+    def modes(plan, settings):
+        launches = topk._launches(plan, settings)
+        fixed = launches.select.state.fixed
+        assert (launches.rank is None) == fixed["SHARED_RANK"]
+        return fixed["SHARED_SLOTS"], fixed["SHARED_RANK"]
+
+    for s in (settings, slots, rank):
+        assert modes(plan, s) == (False, False)
     monkeypatch.setattr(topk.checks, "nvidia_capability", lambda device: (9, 0))
     gpu_plan = dataclasses.replace(plan, device=torch.device("cuda", 0), launches={})
-    assert not topk._launches(gpu_plan, settings).select.state.fixed["SHARED_SLOTS"]
-    assert topk._launches(gpu_plan, on).select.state.fixed["SHARED_SLOTS"] == fits
+    assert modes(gpu_plan, settings) == (False, False)
+    assert modes(gpu_plan, slots) == (fits, False)
+    assert modes(gpu_plan, rank) == (False, fits)
 
 
 def check_pdl_mode(kernels, mode):
@@ -808,14 +820,16 @@ SHARED_SLOTS_SHAPES = [(3, 100, 64), (5, 1000, 300), (4, 4096, 2048), (512, 8192
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["shared_slots", "shared_rank"])
 @pytest.mark.parametrize("kind", ["normal", "few-distinct", "all-equal", "specials"])
 @pytest.mark.parametrize("rows, cols, k", SHARED_SLOTS_SHAPES,
                          ids=[f"{r}x{c}-k{k}" for r, c, k in SHARED_SLOTS_SHAPES])
-def test_select_kernel_counting_in_shared_memory(rows, cols, k, kind):
+def test_select_kernel_in_shared_memory(rows, cols, k, kind, mode):
     """``shared_slots``: the select kernel's bucket counts and slots from atomic adds on
-    shared memory (inline PTX) give the reference's indices, crowded buckets (few
-    distinct values, all equal) and ragged lengths included."""
-    settings = topk.topk_settings(rows, cols, k)._replace(place_part=0, shared_slots=True)
+    shared memory (inline PTX); ``shared_rank``: its pairs also ranked there, no rank
+    kernel. Both give the reference's indices, crowded buckets (few distinct values, all
+    equal) and ragged lengths included."""
+    settings = topk.topk_settings(rows, cols, k)._replace(place_part=0, **{mode: True})
     assert topk.shared_slots_fit(settings.block, settings.select_warps)
     logits = make_logits(kind, rows, cols, torch.float32, seed=rows + cols + k)
     for lengths in (None, random_lengths(rows, cols, generator(cols))):

@@ -131,6 +131,10 @@ class TopKSettings(NamedTuple):
     # (inline PTX: NVIDIA, blocks of at most SHARED_SLOTS_MAX_BLOCK pairs, a whole number a
     # thread) instead of on its row of ``counts`` in device memory. Not timed yet: off.
     shared_slots: bool = False
+    # With the same conditions, the select kernel also ranks its pairs in shared memory
+    # (placed there bucket by bucket, each compared with its bucket's others) and writes
+    # the result: no scratch row, no rank kernel. Not timed yet: off.
+    shared_rank: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -289,7 +293,7 @@ class TopKLaunches(NamedTuple):
     count: object
     place: object
     place_grid: tuple | None  # the count and place kernels'
-    rank: object
+    rank: object  # None where the select kernel ranks (shared_rank)
     rank_grid: tuple
 
 
@@ -336,6 +340,8 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
                                     cols=cols, HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl, k=k,
                                     capacity=s.block, out_row_stride=plan.out_row_stride,
                                     BLOCK=s.block, PART=s.place_part)
+    shared = not counted and nvidia and shared_slots_fit(s.block, s.select_warps)
+    shared_rank = shared and s.shared_rank
     select = None if counted else SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
         options=checks.nvidia_options(nvidia, pdl != PDL_NONE, s.max_registers) or None,
@@ -343,11 +349,10 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
         BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits,
-        SHARED_SLOTS=nvidia and s.shared_slots and shared_slots_fit(s.block, s.select_warps))
-    rank = RANK_KERNEL.launch(plan.device, num_warps=4, options=options,
-                              out_row_stride=plan.out_row_stride, BLOCK=s.block,
-                              CHUNK=rank_chunk(s),
-                              WIDTH=s.width, USE_PDL=pdl)
+        SHARED_SLOTS=shared and s.shared_slots and not shared_rank, SHARED_RANK=shared_rank)
+    rank = None if shared_rank else RANK_KERNEL.launch(
+        plan.device, num_warps=4, options=options, out_row_stride=plan.out_row_stride,
+        BLOCK=s.block, CHUNK=rank_chunk(s), WIDTH=s.width, USE_PDL=pdl)
     return TopKLaunches(sample, filter_, filter_grid, select, count, place,
                         (rows, s.block // s.place_part) if counted else None,
                         rank, (rows, rank_programs(s, k, cols)))
@@ -415,8 +420,9 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
         launches.select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
                         cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts,
                         meta_ptr=meta, out_ptr=out)
-    launches.rank(launches.rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta,
-                  out_ptr=out)
+    if launches.rank is not None:  # (else the select kernel ranked the pairs itself)
+        launches.rank(launches.rank_grid, scratch_ptr=scratch, counts_ptr=counts,
+                      meta_ptr=meta, out_ptr=out)
     if buffers is not None:
         buffers.update(counts=counts, meta=meta, rank_grid=launches.rank_grid)
 
