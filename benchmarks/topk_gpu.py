@@ -111,6 +111,8 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         variants = [
             ("shared-slots", dict(select, shared_slots=True)),
             ("shared-rank", dict(select, shared_rank=True)),
+            # (107 registers at 16 warps: capped, two programs an SM)
+            ("shared-rank-reg64", dict(select, shared_rank=True, max_registers=64)),
             ("select-kernel" if base.place_part else "count-and-place", other),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
         ]
