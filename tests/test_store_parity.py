@@ -548,6 +548,11 @@ store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
 """
 
 _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -556,6 +561,12 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
 
     SM90, SM100, GFX942 = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 100, 32), GPUTarget(
         "hip", "gfx942", 64)
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+    def cubin(kernel):
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        return f.name
 
     def compile_(kernel, signature, constexprs, target, **options):
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
@@ -692,6 +703,13 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                            or ptx.count("@p atom.shared.add.u32") != 16
                            or ptx.count("topk_rank_done_15:") != int(shared_rank)):
                 raise AssertionError(f"{target}: a shared-memory statement was copied")
+            if nvidia:  # its static shared array and Triton's own within 48 KiB a block
+                usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"),
+                                        "--dump-resource-usage", cubin(kernel)],
+                                       capture_output=True, text=True, check=True).stdout
+                static = int(re.search(r"SHARED:([0-9]+)", usage).group(1))
+                if static + kernel.metadata.shared > 48 * 1024:
+                    raise AssertionError(f"{target}: {static} + {kernel.metadata.shared} bytes")
         compile_(topk_count_kernel, dict(rows, k="i32", low_skip="i32", threshold_ptr="*i32",
                                          **candidates, cand_slot_ptr="*i32", counts_ptr="*i32",
                                          meta_ptr="*i64"),

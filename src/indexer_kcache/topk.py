@@ -420,9 +420,10 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
         launches.select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
                         cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts,
                         meta_ptr=meta, out_ptr=out)
-    if launches.rank is not None:  # (else the select kernel ranked the pairs itself)
-        launches.rank(launches.rank_grid, scratch_ptr=scratch, counts_ptr=counts,
-                      meta_ptr=meta, out_ptr=out)
+    if launches.rank is None:  # the select kernel ranked the pairs itself
+        return
+    launches.rank(launches.rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta,
+                  out_ptr=out)
     if buffers is not None:
         buffers.update(counts=counts, meta=meta, rank_grid=launches.rank_grid)
 

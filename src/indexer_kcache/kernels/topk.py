@@ -592,7 +592,7 @@ def _rank_in_place(pair, valid, want, out_row_ptr, BLOCK: tl.constexpr):
     (``_shared_rank``; NVIDIA only). No scratch row, no rank kernel."""
     _, _, bucket = _buckets(pair, valid, BLOCK)
     slot, count = _shared_slots(bucket, tl.arange(0, BLOCK), valid, BLOCK, 8 * BLOCK + 16)
-    rank = _shared_rank(pair, bucket, slot, count, valid, BLOCK)
+    rank = _shared_rank(pair, bucket, slot, count, valid, want, BLOCK)
     column = (~(pair & WORD_MASK).to(tl.uint32)).to(tl.int32)
     tl.store(out_row_ptr + rank, column, mask=valid & (rank < want))
 
@@ -623,7 +623,8 @@ def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
 
 # The select kernel's shared array (inline PTX): declared once at function scope by the
 # slots statement, read and written by the rank statement after it. A second copy of the
-# declaration (Triton copying a statement) fails to assemble instead of counting twice.
+# declaration (Triton splitting a thread's elements over two statements) fails to
+# assemble instead of counting twice; the rank statement declares a name for the same.
 SHARED_ARRAY = "topk_shared"
 
 
@@ -662,16 +663,20 @@ def _shared_rank_ptx(pack, buckets):
     array ``_shared_slots_ptx`` declared (at least ``8 * buckets`` bytes).
 
     Operands: ``pack`` ranks (results), then ``pack`` each of: the elements' indices
-    (``bins``), the bucket starts at those indices, the pair count (the same in each),
-    the pairs' high and low words, their buckets, their slots, whether they count. The
-    starts go over the counters, the count after the last; a barrier; each element reads
-    its bucket's start and end; a barrier; each counted pair is written to its place (the
-    array now holds the pairs bucket by bucket); a barrier; each counted pair compares
-    itself with every pair of its bucket, its rank the bucket's start plus those above it
-    (larger high word, or equal and larger low word). A last barrier keeps the pairs until
-    every thread has read them."""
-    rank, index, start, total, high, low, bucket, slot, take = (pack * i for i in range(9))
-    lines = ["{", ".reg .pred p, q, g, h;",
+    (``bins``), the bucket starts at those indices, the pair count and ``want`` (the same
+    in each), the pairs' high and low words, their buckets, their slots, whether they
+    count. The starts go over the counters, the count after the last; a barrier; each
+    element reads its bucket's start and end; a barrier; each counted pair is written to
+    its place (the array now holds the pairs bucket by bucket); a barrier; each counted
+    pair of a bucket that starts below ``want`` compares itself with every pair of its
+    bucket, its rank the bucket's start plus those above it (larger high word, or equal
+    and larger low word; the others' ranks are their bucket's start, at least ``want``).
+    A last barrier keeps the pairs until every thread has read them."""
+    rank, index, start, total, want, high, low, bucket, slot, take = (
+        pack * i for i in range(10))
+    # A function-scope name of its own, as the slots statement's array: a copy of this
+    # statement (each thread's elements in two statements) fails to assemble.
+    lines = [".reg .b32 topk_rank_once;", "{", ".reg .pred p, q, g, h;",
              f".reg .b32 base, address, j, above, other_low, other_high, inc, f<{pack}>, n<{pack}>;",
              f"mov.u32 base, {SHARED_ARRAY};"]
     for e in range(pack):
@@ -690,8 +695,10 @@ def _shared_rank_ptx(pack, buckets):
     lines.append("bar.sync 0;")
     for e in range(pack):
         loop, done = f"topk_rank_loop_{e}", f"topk_rank_done_{e}"
+        # (Pairs of buckets that start at or past ``want`` are not ranked: never written.)
         lines += ["mov.u32 above, 0;", f"mov.u32 j, f{e};", f"setp.eq.u32 p, ${take + e}, 0;",
-                  f"@p bra {done};", f"{loop}:", f"setp.ge.u32 q, j, n{e};", f"@q bra {done};",
+                  f"setp.ge.or.s32 p, f{e}, ${want + e}, p;", f"@p bra {done};", f"{loop}:",
+                  f"setp.ge.u32 q, j, n{e};", f"@q bra {done};",
                   "mad.lo.u32 address, j, 8, base;",
                   "ld.shared.v2.u32 {other_low, other_high}, [address];",
                   f"setp.gt.u32 g, other_high, ${high + e};",
@@ -728,12 +735,13 @@ def _shared_slots(bucket, bins, valid, BLOCK: tl.constexpr, ARRAY_BYTES: tl.cons
 
 
 @triton.jit
-def _shared_rank(pair, bucket, slot, count, valid, BLOCK: tl.constexpr):
-    """int32 ``[BLOCK]``: each ``valid`` pair's rank among the ``valid`` pairs, given their
-    buckets (``_bucket_of``: larger pairs, lower buckets), their slots there and the
-    buckets' counts (``count[i]`` of bucket ``i``; ``_shared_slots``), by placing the pairs
-    bucket by bucket in the kernel's shared array (``8 * BLOCK + 16`` bytes) and comparing
-    each with its bucket's others there (NVIDIA only)."""
+def _shared_rank(pair, bucket, slot, count, valid, want, BLOCK: tl.constexpr):
+    """int32 ``[BLOCK]``: each ``valid`` pair's rank among the ``valid`` pairs where it is
+    below ``want`` (else some rank at or past ``want``), given their buckets
+    (``_bucket_of``: larger pairs, lower buckets), their slots there and the buckets'
+    counts (``count[i]`` of bucket ``i``; ``_shared_slots``), by placing the pairs bucket
+    by bucket in the kernel's shared array (``8 * BLOCK + 4`` bytes at least) and
+    comparing each with its bucket's others there (NVIDIA only)."""
     PACK: tl.constexpr = _elements_per_thread(BLOCK, tl.extra.cuda.num_warps())
     bins = tl.arange(0, BLOCK)
     start = tl.cumsum(count, 0) - count
@@ -741,9 +749,9 @@ def _shared_rank(pair, bucket, slot, count, valid, BLOCK: tl.constexpr):
     high = (pair >> 32).to(tl.uint32).to(tl.int32, bitcast=True)
     low = (pair & WORD_MASK).to(tl.uint32).to(tl.int32, bitcast=True)
     return tl.inline_asm_elementwise(
-        _shared_rank_ptx(PACK, BLOCK), _shared_constraints(1, 8, PACK),
-        [bins, start, total, high, low, bucket, slot, valid.to(tl.int32)], dtype=tl.int32,
-        is_pure=False, pack=PACK)
+        _shared_rank_ptx(PACK, BLOCK), _shared_constraints(1, 9, PACK),
+        [bins, start, total, tl.zeros_like(count) + want, high, low, bucket, slot,
+         valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=PACK)
 
 
 @triton.jit
