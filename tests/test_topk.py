@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from indexer_kcache import topk
+from indexer_kcache.kernels import topk as topk_kernels
 from indexer_kcache.reference import topk as reference
 
 from .cases import DEVICE
+from .ptx_emulator import Block
 
 SENTINEL = 0x5A5A5A5A  # out's padding columns must keep it
 SEED = torch.seed() % 2**31  # fresh inputs every run; failures print the seed
@@ -626,6 +628,74 @@ def test_shared_memory_settings_reach_the_select_kernel_on_nvidia_only(monkeypat
     assert modes(gpu_plan, settings) == (False, False)
     assert modes(gpu_plan, slots) == (fits, False)
     assert modes(gpu_plan, rank) == (False, fits)
+
+
+def emulated_pairs(kind: str, block: int, g: torch.Generator) -> tuple[list[int], list[bool]]:
+    """``block`` pairs (unsigned 64-bit: key high, ~column low) and which are valid."""
+    valid = (torch.rand(block, generator=g) < 0.8).tolist()
+    if kind == "none-valid":
+        valid = [False] * block
+    if kind == "crowded":  # few keys: long runs in a bucket, ties broken by the column
+        keys = torch.randint(0x80000000, 0x80000004, (block,), generator=g)
+    elif kind == "outlier":  # one pair far above the rest: the others share a few buckets
+        keys = torch.randint(0x80000000, 0x80000100, (block,), generator=g)
+        keys[0] = 0xFFFF0000
+        valid[0] = True
+    else:
+        keys = torch.randint(0, 2**32, (block,), generator=g)
+    columns = torch.randperm(block, generator=g)
+    return [int(k) << 32 | (~int(c) & 0xFFFFFFFF) for k, c in zip(keys, columns, strict=True)], valid
+
+
+@pytest.mark.parametrize("kind", ["random", "crowded", "outlier", "none-valid"])
+@pytest.mark.parametrize("pack, threads", [(1, 8), (2, 4), (8, 4)])
+def test_shared_memory_statements_on_an_emulated_block(pack, threads, kind):
+    """The select kernel's two PTX statements (``shared_slots_ptx``, ``shared_rank_ptx``),
+    their text run on an emulated block (``ptx_emulator``) with the pairs dealt to the
+    threads in a random order, as any Triton layout deals them: the counts are the
+    buckets', each bucket's slots its pairs' places, and every pair of a bucket that
+    starts below ``want`` gets its rank among the valid pairs (the others one at or past
+    ``want``). A second copy of either statement fails to assemble."""
+    block = pack * threads
+    g = generator(block + len(kind))
+    pairs, valid = emulated_pairs(kind, block, g)
+    live = [p for p, v in zip(pairs, valid, strict=True) if v]
+    top = max(live, default=0)
+    bottom = min(live, default=0)
+    shift = next(s for s in range(65) if (top - bottom) >> s < block)
+    bucket = [min((top - p) >> shift, block - 1) if v else 0 for p, v in zip(pairs, valid, strict=True)]
+    want = max(len(live) // 2, 1)
+    deal = torch.randperm(block, generator=g).view(threads, pack).tolist()
+    emulated = Block(seed=block)
+    slots_text = topk_kernels.shared_slots_ptx(pack, block, 8 * block + 16)
+    results = emulated.run(slots_text, [
+        [0] * 2 * pack + [bucket[i] for i in mine] + mine + [int(valid[i]) for i in mine]
+        for mine in deal], outputs=2 * pack)
+    slot, count = [0] * block, [0] * block
+    for mine, out in zip(deal, results, strict=True):
+        for e, i in enumerate(mine):
+            slot[i], count[i] = out[e], out[pack + e]
+    assert count == [sum(1 for b, v in zip(bucket, valid, strict=True) if v and b == x) for x in range(block)]
+    for x in range(block):
+        assert sorted(slot[i] for i in range(block) if valid[i] and bucket[i] == x) == list(
+            range(count[x]))
+    start = [sum(count[:x]) for x in range(block)]
+    results = emulated.run(topk_kernels.shared_rank_ptx(pack, block), [
+        [0] * pack + mine + [start[i] for i in mine] + [len(live)] * pack + [want] * pack
+        + [pairs[i] >> 32 for i in mine] + [pairs[i] & 0xFFFFFFFF for i in mine]
+        + [bucket[i] for i in mine] + [slot[i] for i in mine] + [int(valid[i]) for i in mine]
+        for mine in deal], outputs=pack)
+    for mine, out in zip(deal, results, strict=True):
+        for e, i in enumerate(mine):
+            if not valid[i]:
+                continue
+            if start[bucket[i]] < want:
+                assert out[e] == sum(1 for p in live if p > pairs[i]), (kind, i)
+            else:
+                assert out[e] >= want
+    for text in (slots_text, topk_kernels.shared_rank_ptx(pack, block)):
+        with pytest.raises(ValueError, match="duplicate definition"):
+            emulated.run(text, [], outputs=0)
 
 
 def check_pdl_mode(kernels, mode):

@@ -628,8 +628,7 @@ def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
 SHARED_ARRAY = "topk_shared"
 
 
-@triton.constexpr_function
-def _shared_slots_ptx(pack, buckets, array_bytes):
+def shared_slots_ptx(pack: int, buckets: int, array_bytes: int) -> str:
     """PTX of ``_shared_slots`` for ``pack`` elements a thread and ``buckets`` counters (the
     first ``4 * buckets`` bytes of an ``array_bytes`` shared array it declares).
 
@@ -657,8 +656,7 @@ def _shared_slots_ptx(pack, buckets, array_bytes):
     return "\n".join(lines)
 
 
-@triton.constexpr_function
-def _shared_rank_ptx(pack, buckets):
+def shared_rank_ptx(pack: int, buckets: int) -> str:
     """PTX of ``_shared_rank`` for ``pack`` elements a thread over ``buckets`` buckets, on the
     array ``_shared_slots_ptx`` declared (at least ``8 * buckets`` bytes).
 
@@ -708,6 +706,11 @@ def _shared_rank_ptx(pack, buckets):
                   f"bra {loop};", f"{done}:", f"add.u32 ${rank + e}, f{e}, above;"]
     lines += ["bar.sync 0;", "}"]
     return "\n".join(lines)
+
+
+# (Plain functions above, for tests that run the statements on an emulated block.)
+_shared_slots_ptx = triton.constexpr_function(shared_slots_ptx)
+_shared_rank_ptx = triton.constexpr_function(shared_rank_ptx)
 
 
 @triton.constexpr_function

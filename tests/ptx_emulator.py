@@ -1,0 +1,190 @@
+"""Runs the top-k's shared-memory PTX statements on the CPU, thread by thread, so that
+their text (not a rewrite of it) is checked where no GPU is.
+
+It knows only the instructions those statements use: 32-bit ``mov``, ``add``,
+``mad.lo``, ``setp`` (with ``.and``/``.or``), ``or.pred``, ``selp``, ``ld``/``st.shared``
+(scalar and ``.v2``), ``atom.shared.add``, ``bra``, labels, predicates (``@p``, ``@!p``)
+and ``bar.sync``; ``.reg`` and ``.shared`` declarations. A CTA's threads run one phase
+(up to the next barrier) at a time, in a shuffled order: any order is one that the GPU
+may take, since between barriers the threads share only atomics.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+MASK = 0xFFFFFFFF
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 32) if x & 0x80000000 else x
+
+
+class Block:
+    """One CTA: its shared memory (the statements' arrays, from address 0) and the
+    statements run on its threads one after another, as a kernel runs them."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.shared: dict[int, int] = {}  # 32-bit words by byte address
+        self.symbols: dict[str, int] = {}  # function-scope names: arrays' addresses, ...
+        self.size = 0
+        self.rng = random.Random(seed)
+
+    def _parse(self, text: str):
+        program, labels, depth = [], {}, 0
+        for raw in text.splitlines():
+            line = raw.strip().rstrip(";").strip()
+            if line in ("{", "}"):
+                depth += 1 if line == "{" else -1
+                continue
+            declared = re.match(r"\.shared \.align \d+ \.b8 (\w+)\[(\d+)\]", line)
+            if line.startswith(".reg") and depth == 0:  # a function-scope name
+                declared = re.match(r"\.reg \.\w+ (\w+)$", line)
+            elif line.startswith(".reg") or not line:
+                continue
+            if declared:
+                name = declared.group(1)
+                if name in self.symbols:
+                    raise ValueError(f"duplicate definition of {name}")
+                self.symbols[name] = self.size
+                if line.startswith(".shared"):
+                    self.size += int(declared.group(2))
+                continue
+            if line.endswith(":"):
+                labels[line[:-1]] = len(program)
+                continue
+            guard = None
+            if line.startswith("@"):
+                guard, line = line.split(None, 1)
+            opcode, _, rest = line.partition(" ")
+            operands = [x.strip() for x in re.split(r",(?![^{]*})", rest)] if rest else []
+            program.append((guard, opcode, operands))
+        return program, labels
+
+    def run(self, text: str, operands: list[list[int]], outputs: int) -> list[list[int]]:
+        """Runs the statement ``text`` on every thread (``operands[t]``: its ``$`` operands
+        in order, the first ``outputs`` of them results, their values ignored) to its end;
+        returns each thread's results."""
+        program, labels = self._parse(text)
+        threads = [_Thread(self, program, labels, list(values), outputs) for values in operands]
+        running = [thread.steps() for thread in threads]
+        while running:
+            self.rng.shuffle(running)
+            waiting = []
+            for steps in running:
+                if next(steps, None) == "barrier":
+                    waiting.append(steps)
+            if waiting and len(waiting) != len(running):
+                raise RuntimeError("a barrier that not every thread reached")
+            running = waiting
+        return [thread.operands[:outputs] for thread in threads]
+
+    def load(self, address: int) -> int:
+        self._check(address)
+        return self.shared.get(address, 0xDEADBEEF)  # never written: poison
+
+    def store(self, address: int, value: int) -> None:
+        self._check(address)
+        self.shared[address] = value & MASK
+
+    def _check(self, address: int) -> None:
+        if address % 4 or not 0 <= address < self.size:
+            raise IndexError(f"shared address {address} outside [0, {self.size}) or unaligned")
+
+
+class _Thread:
+    def __init__(self, block: Block, program, labels, operands: list[int], outputs: int) -> None:
+        self.block = block
+        self.program = program
+        self.labels = labels
+        self.operands = operands
+        self.outputs = outputs
+        self.registers: dict[str, int] = {}
+        self.predicates: dict[str, bool] = {}
+
+    def value(self, token: str) -> int:
+        token = token.strip()
+        if token.startswith("$"):
+            return self.operands[int(token[1:])] & MASK
+        if token in self.block.symbols:
+            return self.block.symbols[token]
+        if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", token):
+            return int(token, 0) & MASK
+        return self.registers[token]
+
+    def set(self, token: str, value: int) -> None:
+        token = token.strip()
+        if token.startswith("$"):
+            index = int(token[1:])
+            if index >= self.outputs:
+                raise ValueError(f"{token} is an input")
+            self.operands[index] = value & MASK
+        else:
+            self.registers[token] = value & MASK
+
+    def address(self, token: str) -> int:
+        inner = token.strip()[1:-1]
+        base, _, offset = inner.partition("+")
+        return (self.value(base) + (int(offset) if offset else 0)) & MASK
+
+    def steps(self):
+        pc = 0
+        program = self.program
+        while pc < len(program):
+            guard, opcode, ops = program[pc]
+            pc += 1
+            if guard is not None:
+                name = guard[1:].lstrip("!")
+                if self.predicates[name] == guard.startswith("@!"):
+                    continue
+            parts = opcode.split(".")
+            if opcode == "bar.sync":
+                yield "barrier"
+            elif opcode == "bra":
+                pc = self.labels[ops[0]]
+            elif opcode == "mov.u32":
+                self.set(ops[0], self.value(ops[1]))
+            elif opcode == "add.u32":
+                self.set(ops[0], self.value(ops[1]) + self.value(ops[2]))
+            elif opcode == "mad.lo.u32":
+                self.set(ops[0], self.value(ops[1]) * self.value(ops[2]) + self.value(ops[3]))
+            elif opcode == "selp.u32":
+                self.set(ops[0], self.value(ops[1] if self.predicates[ops[3]] else ops[2]))
+            elif opcode == "or.pred":
+                self.predicates[ops[0]] = self.predicates[ops[1]] or self.predicates[ops[2]]
+            elif parts[0] == "setp":
+                a, b = self.value(ops[1]), self.value(ops[2])
+                if parts[-1] == "s32":
+                    a, b = _signed(a), _signed(b)
+                result = {"eq": a == b, "ne": a != b, "ge": a >= b, "gt": a > b,
+                          "lt": a < b, "le": a <= b}[parts[1]]
+                if len(parts) == 4:  # setp.cmp.bool.type p, a, b, c
+                    other = self.predicates[ops[3]]
+                    result = result and other if parts[2] == "and" else result or other
+                self.predicates[ops[0]] = result
+            elif opcode == "st.shared.u32":
+                self.block.store(self.address(ops[0]), self.value(ops[1]))
+            elif opcode == "st.shared.v2.u32":
+                address = self.address(ops[0])
+                low, high = ops[1].strip("{} ").split(",")
+                if address % 8:
+                    raise IndexError(f"unaligned 8-byte store at {address}")
+                self.block.store(address, self.value(low))
+                self.block.store(address + 4, self.value(high))
+            elif opcode == "ld.shared.u32":
+                self.set(ops[0], self.block.load(self.address(ops[1])))
+            elif opcode == "ld.shared.v2.u32":
+                address = self.address(ops[1])
+                low, high = ops[0].strip("{} ").split(",")
+                if address % 8:
+                    raise IndexError(f"unaligned 8-byte load at {address}")
+                self.set(low, self.block.load(address))
+                self.set(high, self.block.load(address + 4))
+            elif opcode == "atom.shared.add.u32":
+                address = self.address(ops[1])
+                old = self.block.load(address)
+                self.block.store(address, old + self.value(ops[2]))
+                self.set(ops[0], old)
+            else:
+                raise NotImplementedError(f"PTX {opcode}")
