@@ -20,7 +20,8 @@ to 8192 columns ranked whole; ``select-kernel``/``count-and-place``: the candida
 counted into their buckets and placed by the other kernels than the default's;
 ``place-<part>-w<warps>``: the count and place kernels at other sizes; ``shared-slots``:
 the select kernel counting its pairs into their buckets in shared memory; ``shared-rank``:
-ranking them there too, without the rank kernel;
+ranking them there too, without the rank kernel; ``shared-sample``: the sample's threshold
+by digit counts in shared memory; ``shared-all``: both;
 ``sample-x2``/``-x4``: a sample two or four times larger).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
@@ -113,6 +114,8 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
             ("shared-rank", dict(select, shared_rank=True)),
             # (107 registers at 16 warps: capped, two programs an SM)
             ("shared-rank-reg64", dict(select, shared_rank=True, max_registers=64)),
+            ("shared-sample", dict(shared_sample=True)),  # on the default's placement
+            ("shared-all", dict(select, shared_rank=True, shared_sample=True)),
             ("select-kernel" if base.place_part else "count-and-place", other),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
         ]
@@ -153,8 +156,9 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
     # (Where the select kernel cannot use shared memory, a shared-* variant would time the
     # plain select kernel under its label: left out.)
     variants = [(label, change) for label, change in variants
-                if not label.startswith("shared-") or topk.shared_slots_fit(
-                    change.get("block", base.block), change.get("select_warps", base.select_warps))]
+                if label == "shared-sample" or not label.startswith("shared-")
+                or topk.shared_slots_fit(change.get("block", base.block),
+                                         change.get("select_warps", base.select_warps))]
     if quick:
         variants = variants[:2]
     for label, change in variants:

@@ -1,10 +1,12 @@
 """Runs the top-k's shared-memory PTX statements on the CPU, thread by thread, so that
 their text (not a rewrite of it) is checked where no GPU is.
 
-It knows only the instructions those statements use: 32-bit ``mov``, ``add``,
-``mad.lo``, ``setp`` (with ``.and``/``.or``), ``or.pred``, ``selp``, ``ld``/``st.shared``
-(scalar and ``.v2``), ``atom.shared.add``, ``bra``, labels, predicates (``@p``, ``@!p``)
-and ``bar.sync``; ``.reg`` and ``.shared`` declarations. A CTA's threads run one phase
+It knows only the instructions those statements use: 32-bit ``mov`` (also of
+``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``, ``mad.lo``, ``and``, ``or``,
+``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as in PTX), ``clz``, ``setp``
+(with ``.and``/``.or``), ``or.pred``, ``selp``, ``ld``/``st.shared`` (scalar and
+``.v2``), ``atom``/``red.shared.add``, ``bra``, labels, predicates (``@p``, ``@!p``) and
+``bar.sync``; ``.reg`` and ``.shared`` declarations. A CTA's threads run one phase
 (up to the next barrier) at a time, in a shuffled order: any order is one that the GPU
 may take, since between barriers the threads share only atomics.
 """
@@ -38,18 +40,18 @@ class Block:
             if line in ("{", "}"):
                 depth += 1 if line == "{" else -1
                 continue
-            declared = re.match(r"\.shared \.align \d+ \.b8 (\w+)\[(\d+)\]", line)
+            declared = re.match(r"\.shared \.align \d+ \.b(8|32) (\w+)\[(\d+)\]", line)
             if line.startswith(".reg") and depth == 0:  # a function-scope name
-                declared = re.match(r"\.reg \.\w+ (\w+)$", line)
+                declared = re.match(r"\.reg \.(\w+) (\w+)$", line)
             elif line.startswith(".reg") or not line:
                 continue
             if declared:
-                name = declared.group(1)
+                name = declared.group(2)
                 if name in self.symbols:
                     raise ValueError(f"duplicate definition of {name}")
                 self.symbols[name] = self.size
                 if line.startswith(".shared"):
-                    self.size += int(declared.group(2))
+                    self.size += int(declared.group(3)) * (4 if declared.group(1) == "32" else 1)
                 continue
             if line.endswith(":"):
                 labels[line[:-1]] = len(program)
@@ -67,7 +69,8 @@ class Block:
         in order, the first ``outputs`` of them results, their values ignored) to its end;
         returns each thread's results."""
         program, labels = self._parse(text)
-        threads = [_Thread(self, program, labels, list(values), outputs) for values in operands]
+        threads = [_Thread(self, program, labels, list(values), outputs, tid, len(operands))
+                   for tid, values in enumerate(operands)]
         running = [thread.steps() for thread in threads]
         while running:
             self.rng.shuffle(running)
@@ -93,9 +96,23 @@ class Block:
             raise IndexError(f"shared address {address} outside [0, {self.size}) or unaligned")
 
 
+_BINARY = {
+    "add.u32": lambda a, b: a + b,
+    "sub.u32": lambda a, b: a - b,
+    "mul.lo.u32": lambda a, b: a * b,
+    "and.b32": lambda a, b: a & b,
+    "or.b32": lambda a, b: a | b,
+    "xor.b32": lambda a, b: a ^ b,
+    "shl.b32": lambda a, b: a << b if b < 32 else 0,
+    "shr.u32": lambda a, b: a >> b if b < 32 else 0,
+}
+
+
 class _Thread:
-    def __init__(self, block: Block, program, labels, operands: list[int], outputs: int) -> None:
+    def __init__(self, block: Block, program, labels, operands: list[int], outputs: int,
+                 tid: int, threads: int) -> None:
         self.block = block
+        self.special = {"%tid.x": tid, "%ntid.x": threads}
         self.program = program
         self.labels = labels
         self.operands = operands
@@ -109,6 +126,8 @@ class _Thread:
             return self.operands[int(token[1:])] & MASK
         if token in self.block.symbols:
             return self.block.symbols[token]
+        if token in self.special:
+            return self.special[token]
         if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", token):
             return int(token, 0) & MASK
         return self.registers[token]
@@ -145,10 +164,14 @@ class _Thread:
                 pc = self.labels[ops[0]]
             elif opcode == "mov.u32":
                 self.set(ops[0], self.value(ops[1]))
-            elif opcode == "add.u32":
-                self.set(ops[0], self.value(ops[1]) + self.value(ops[2]))
             elif opcode == "mad.lo.u32":
                 self.set(ops[0], self.value(ops[1]) * self.value(ops[2]) + self.value(ops[3]))
+            elif opcode in _BINARY:
+                self.set(ops[0], _BINARY[opcode](self.value(ops[1]), self.value(ops[2])))
+            elif opcode == "not.b32":
+                self.set(ops[0], ~self.value(ops[1]))
+            elif opcode == "clz.b32":
+                self.set(ops[0], 32 - self.value(ops[1]).bit_length())
             elif opcode == "selp.u32":
                 self.set(ops[0], self.value(ops[1] if self.predicates[ops[3]] else ops[2]))
             elif opcode == "or.pred":
@@ -181,6 +204,9 @@ class _Thread:
                     raise IndexError(f"unaligned 8-byte load at {address}")
                 self.set(low, self.block.load(address))
                 self.set(high, self.block.load(address + 4))
+            elif opcode == "red.shared.add.u32":
+                address = self.address(ops[0])
+                self.block.store(address, self.block.load(address) + self.value(ops[1]))
             elif opcode == "atom.shared.add.u32":
                 address = self.address(ops[1])
                 old = self.block.load(address)

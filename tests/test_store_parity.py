@@ -666,10 +666,12 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
     targets = ((SM90, 2), (SM100, 2), (GFX942, 0), (SM80, 0))
     for target, pdl in targets:
         common = dict(IS_BF16=False, HAS_LENGTHS=True, USE_PDL=pdl)
-        compile_(topk_sample_kernel, dict(rows, k="i32", sample_stride="i32", threshold_ptr="*i32",
-                                          cand_count_ptr="*i32", counts_ptr="*i32"),
-                 dict(common, CHUNK=32, SAMPLE_BLOCK=1024, BITS=16, DIGIT_BITS=1,
-                      ZERO_BUCKETS=4096), target, num_warps=4)
+        for shared_sample in (False, True) if target.backend == "cuda" else (False,):
+            compile_(topk_sample_kernel, dict(rows, k="i32", sample_stride="i32",
+                                              threshold_ptr="*i32", cand_count_ptr="*i32",
+                                              counts_ptr="*i32"),
+                     dict(common, CHUNK=32, SAMPLE_BLOCK=1024, BITS=16, DIGIT_BITS=1,
+                          ZERO_BUCKETS=4096, SHARED_SAMPLE=shared_sample), target, num_warps=4)
         filter_signature = dict(rows, split_cols="i32", threshold_ptr="*i32", cand_ptr="*i64",
                                 cand_count_ptr="*i32", capacity="i32")
         compile_(topk_filter_kernel, filter_signature,
@@ -828,9 +830,9 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100
     (bf16 queries for sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels
     for sm_80, sm_90, sm_100 and gfx942 (on NVIDIA the select kernel's counting and ranking
-    in shared memory too); the store and a reader for sm_80 too (integer conversions, no
-    dependent launch); the scorer and the select kernel for NVIDIA sm_120 and AMD gfx950,
-    with the store for the latter. Nothing runs."""
+    and the sample's digit counts in shared memory too); the store and a reader for sm_80
+    too (integer conversions, no dependent launch); the scorer and the select kernel for
+    NVIDIA sm_120 and AMD gfx950, with the store for the latter. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")

@@ -336,9 +336,22 @@ def test_sample_threshold_is_the_sampled_key(digit_bits, threshold_bits, rows_ki
     every sampled key at or above it shares (found 1, 2 or 4 bits a pass: for rows of
     either sign its top bits; for rows of one sign or offset far from 0, finer); sampled
     columns past a row's length never count."""
+    check_sample_threshold(digit_bits, threshold_bits, rows_kind)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threshold_bits", [16, 12])
+@pytest.mark.parametrize("rows_kind", ["full-rows", "short-rows", "offset"])
+def test_sample_threshold_by_shared_digit_counts(threshold_bits, rows_kind):
+    """``shared_sample``: the same threshold from two passes of digit counts in shared
+    memory (inline PTX)."""
+    check_sample_threshold(1, threshold_bits, rows_kind, shared_sample=True)
+
+
+def check_sample_threshold(digit_bits, threshold_bits, rows_kind, **changes):
     cols, k = 3000, 100
     settings = small_split_settings(k, cols, sample_digit_bits=digit_bits,
-                                    threshold_bits=threshold_bits)
+                                    threshold_bits=threshold_bits, **changes)
     logits = make_logits("normal", 2, cols, torch.float32, seed=17)
     lengths = None
     if rows_kind == "short-rows":  # the short row all negative: columns past it never count
@@ -696,6 +709,45 @@ def test_shared_memory_statements_on_an_emulated_block(pack, threads, kind):
     for text in (slots_text, topk_kernels.shared_rank_ptx(pack, block)):
         with pytest.raises(ValueError, match="duplicate definition"):
             emulated.run(text, [], outputs=0)
+
+
+@pytest.mark.parametrize("bits", [16, 15, 12])
+@pytest.mark.parametrize("kind", ["normal", "offset", "one-sign", "nan", "few-values",
+                                  "all-equal"])
+@pytest.mark.parametrize("pack, threads", [(2, 8), (4, 32)])
+def test_sample_threshold_statement_on_an_emulated_block(pack, threads, kind, bits):
+    """The sample kernel's threshold statement (``shared_threshold_ptx``), its text run on an
+    emulated block: the rank-th largest counted key to ``bits`` bits past the bits the
+    counted keys share, as ``sample_threshold`` decides it a bit a pass (sampled columns
+    past the row hold key 0 and do not count; NaN's key 0 counts)."""
+    g = generator(pack * threads + len(kind) + bits)
+    size = pack * threads
+    x = torch.randn(size, generator=g)
+    if kind == "offset":
+        x += 1000
+    elif kind == "one-sign":
+        x = -x.abs() - 50
+    elif kind == "nan":
+        x[torch.rand(size, generator=g) < 0.2] = NAN
+    elif kind == "few-values":
+        x = torch.randint(0, 3, (size,), generator=g).float()
+    elif kind == "all-equal":
+        x = torch.full((size,), 2.5)
+    keys = reference.kernel_keys(x)
+    valid = torch.rand(size, generator=g) < 0.9
+    keys = torch.where(valid, keys, 0)
+    counted = keys[valid]
+    m = len(counted)
+    largest, smallest = int(counted.max()), int(counted.min())
+    deal = torch.randperm(size, generator=g).view(threads, pack).tolist()
+    for rank in sorted({1, max(m // 3, 1), m}):
+        want = reference.sample_threshold(counted, rank, bits)
+        assert reference.sample_threshold_from_prefix(counted, rank, bits) == want
+        results = Block(seed=rank).run(topk_kernels.shared_threshold_ptx(pack), [
+            [0] * pack + [int(keys[i]) for i in mine] + [int(valid[i]) for i in mine]
+            + [rank] * pack + [largest] * pack + [smallest] * pack + [bits] * pack
+            for mine in deal], outputs=pack)
+        assert {value for out in results for value in out} == {want}, (kind, rank)
 
 
 def check_pdl_mode(kernels, mode):

@@ -135,6 +135,10 @@ class TopKSettings(NamedTuple):
     # (placed there bucket by bucket, each compared with its bucket's others) and writes
     # the result: no scratch row, no rank kernel. Not timed yet: off.
     shared_rank: bool = False
+    # The sample kernel finds its threshold (the same one) by two passes of 8-bit digit
+    # counts in shared memory (inline PTX: NVIDIA, one-bit passes, at most 16 bits) instead
+    # of a block-wide sum a bit. Not timed yet: off.
+    shared_sample: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -316,14 +320,15 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
         chunks = s.sample_block // SAMPLE_CHUNK
         sample_stride = -(-cols // chunks)
         sample_stride = max(-(-sample_stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
+        sample_warps = s.sample_warps or min(max(s.sample_block // 512, 4), MAX_SAMPLE_WARPS)
         sample = SAMPLE_KERNEL.launch(
-            plan.device,
-            num_warps=s.sample_warps or min(max(s.sample_block // 512, 4), MAX_SAMPLE_WARPS),
-            options=options,
-            **common, k=k,
+            plan.device, num_warps=sample_warps, options=options, **common, k=k,
             sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
             BITS=s.threshold_bits, DIGIT_BITS=s.sample_digit_bits,
-            ZERO_BUCKETS=s.block if counted else 0)
+            ZERO_BUCKETS=s.block if counted else 0,
+            SHARED_SAMPLE=(nvidia and s.shared_sample and s.sample_digit_bits == 1
+                           and s.threshold_bits <= 16
+                           and s.sample_block % (32 * sample_warps) == 0))
         filter_ = FILTER_KERNEL.launch(plan.device, num_warps=s.filter_warps, options=options,
                                        **common,
                                        split_cols=s.step * s.split_steps, capacity=s.block,

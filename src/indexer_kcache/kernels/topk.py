@@ -316,6 +316,7 @@ def topk_sample_kernel(
     BITS: tl.constexpr,
     DIGIT_BITS: tl.constexpr,
     ZERO_BUCKETS: tl.constexpr,
+    SHARED_SAMPLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): a key threshold for the filter kernel, to ``threshold[row]`` (int32
@@ -333,7 +334,8 @@ def topk_sample_kernel(
     free), so that the row's elements at or above it are usually a little more than
     ``want`` whatever the logits' offset: rounding to the key's top bits alone, logits of
     50 + N(0, 1) overflowed the candidates. 0 (every element) when the sample is too small
-    for ``r``.
+    for ``r``. With ``SHARED_SAMPLE`` (NVIDIA, one-bit passes) the same threshold comes
+    from two passes of digit counts in shared memory (``_shared_threshold``).
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(BITS % DIGIT_BITS == 0, "DIGIT_BITS must divide BITS")
@@ -352,7 +354,13 @@ def topk_sample_kernel(
     spread = tl.sqrt(tl.maximum(expected, 0).to(tl.float32)) * MARGIN_SIGMAS
     rank = expected + spread.to(tl.int32) + MARGIN_EXTRA
     threshold = tl.zeros([], tl.uint32)
-    if (want > 0) & (rank <= m):
+    if SHARED_SAMPLE:  # the same threshold by digit counts in shared memory (NVIDIA)
+        tl.static_assert((DIGIT_BITS == 1) & (BITS <= 16), "the one-bit rule, 16 bits at most")
+        largest, smallest = tl.reduce((key, tl.where(valid, key, WORD_MASK)), 0, _max_min)
+        value = _shared_threshold(key, valid, rank, largest, smallest, BITS, SAMPLE_BLOCK)
+        value = tl.where((want > 0) & (rank <= m), value, 0)
+        tl.store(threshold_ptr + row + i * 0, value, mask=i == 0)  # (all the same)
+    elif (want > 0) & (rank <= m):
         # The group: the sampled keys that agree with the threshold's decided digits, those
         # in [threshold, threshold + 2**(shift + DIGIT_BITS)); `above` of the sampled keys
         # lie at or above the threshold, `beyond` above the group (beyond < rank <= above).
@@ -384,12 +392,33 @@ def topk_sample_kernel(
             above = at
             beyond = past
             shift -= DIGIT_BITS
-    tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
+    if not SHARED_SAMPLE:
+        tl.store(threshold_ptr + row, threshold.to(tl.int32, bitcast=True))
     tl.store(cand_count_ptr + row * COUNTER_ROW + tl.arange(0, 2) * MAX_KEY_FIELD,
              tl.zeros([2], tl.int32))
     if ZERO_BUCKETS > 0:
         tl.store(counts_ptr + row * (2 * ZERO_BUCKETS) + tl.arange(0, ZERO_BUCKETS),
                  tl.zeros([ZERO_BUCKETS], tl.int32))
+
+
+@triton.jit
+def _max_min(a_max, a_min, b_max, b_min):
+    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
+
+
+@triton.jit
+def _shared_threshold(key, valid, rank, largest, smallest, BITS: tl.constexpr,
+                      SAMPLE_BLOCK: tl.constexpr):
+    """int32 ``[SAMPLE_BLOCK]``, every element the sample kernel's threshold of its keys
+    (``shared_threshold_ptx``; NVIDIA only): ``largest`` and ``smallest`` of the ``valid``
+    keys, the ``rank``-th largest of them to ``BITS`` bits past the bits those two share."""
+    PACK: tl.constexpr = _elements_per_thread(SAMPLE_BLOCK, tl.extra.cuda.num_warps())
+    zeros = tl.zeros([SAMPLE_BLOCK], tl.int32)
+    return tl.inline_asm_elementwise(
+        _shared_threshold_ptx(PACK), _shared_constraints(1, 6, PACK),
+        [key.to(tl.int32, bitcast=True), valid.to(tl.int32), zeros + rank,
+         zeros + largest.to(tl.int32, bitcast=True), zeros + smallest.to(tl.int32, bitcast=True),
+         zeros + BITS], dtype=tl.int32, is_pure=False, pack=PACK)
 
 
 @triton.jit
@@ -708,9 +737,97 @@ def shared_rank_ptx(pack: int, buckets: int) -> str:
     return "\n".join(lines)
 
 
+# The sample threshold statement's shared words: 256 digit counts, 16 sums of 16 of them,
+# the chosen digit and the count above it.
+_THRESHOLD_BINS = 256
+_THRESHOLD_SUMS = _THRESHOLD_BINS * 4  # byte offsets
+_THRESHOLD_CHOICE = _THRESHOLD_SUMS + 16 * 4
+
+
+def shared_threshold_ptx(pack: int) -> str:
+    """PTX of ``_shared_threshold`` for ``pack`` keys a thread: the sample kernel's threshold
+    (``reference.topk.sample_threshold_from_prefix``) from two passes of 8-bit digit
+    counts in shared memory, instead of a block-wide sum for each of its bits.
+
+    Operands: ``pack`` thresholds (results, all the same), then ``pack`` each of: the keys,
+    whether they count, the rank, the largest and the smallest counted key, the bits (the
+    last four the same in each). The counted keys are shifted left past the bits the
+    largest and the smallest share (``shared``; a shift by 32 gives 0 in PTX). Each pass
+    counts the keys of the group (every counted key, then those whose first digit is the
+    chosen one) by their next 8 bits with shared atomic adds, sums the counts 16 at a
+    time, and the one digit whose count above it is below the rank still needed and
+    reaches it with its own count is written out; barriers between, and after the read.
+    The threshold is the largest key's shared bits and the two digits, rounded to
+    ``bits`` of them."""
+    key, take, rank, largest, smallest, bits = (pack * (1 + i) for i in range(6))
+    sums, choice = _THRESHOLD_SUMS, _THRESHOLD_CHOICE
+    lines = ["{", f".shared .align 16 .b32 topk_bins[{_THRESHOLD_BINS + 16 + 2}];",
+             ".reg .pred p, q;",
+             ".reg .b32 base, address, tid, threads, shared, need, chosen, digit, word, b, g, "
+             f"above, count, limit, t, rel<{pack}>;",
+             "mov.u32 base, topk_bins;", "mov.u32 tid, %tid.x;", "mov.u32 threads, %ntid.x;",
+             f"xor.b32 word, ${largest}, ${smallest};", "clz.b32 shared, word;"]
+    lines += [f"shl.b32 rel{e}, ${key + e}, shared;" for e in range(pack)]
+    lines += [f"mov.u32 need, ${rank};", "mov.u32 chosen, 0;"]
+    for n in (1, 2):
+        lines += ["mov.u32 b, tid;", f"zero_{n}:",
+                  f"setp.ge.u32 p, b, {_THRESHOLD_BINS + 16};", f"@p bra zero_done_{n};",
+                  "mad.lo.u32 address, b, 4, base;", "st.shared.u32 [address], 0;",
+                  "add.u32 b, b, threads;", f"bra zero_{n};", f"zero_done_{n}:", "bar.sync 0;"]
+        for e in range(pack):
+            if n == 1:
+                lines += [f"setp.ne.u32 p, ${take + e}, 0;", f"shr.u32 digit, rel{e}, 24;"]
+            else:
+                lines += [f"shr.u32 word, rel{e}, 24;", "setp.eq.u32 p, word, chosen;",
+                          f"setp.ne.and.u32 p, ${take + e}, 0, p;", f"shr.u32 digit, rel{e}, 16;",
+                          "and.b32 digit, digit, 255;"]
+            lines += ["mad.lo.u32 address, digit, 4, base;", "@p red.shared.add.u32 [address], 1;"]
+        lines += ["bar.sync 0;",
+                  # Sums of 16 counts, one a thread (or more, fewer threads than sums).
+                  "mov.u32 g, tid;", f"sums_{n}:", "setp.ge.u32 p, g, 16;", f"@p bra sums_done_{n};",
+                  "mov.u32 count, 0;", "mul.lo.u32 b, g, 16;", "add.u32 limit, b, 16;",
+                  f"sum_{n}:", "setp.ge.u32 q, b, limit;", f"@q bra sum_done_{n};",
+                  "mad.lo.u32 address, b, 4, base;", "ld.shared.u32 t, [address];",
+                  "add.u32 count, count, t;", "add.u32 b, b, 1;", f"bra sum_{n};", f"sum_done_{n}:",
+                  "mad.lo.u32 address, g, 4, base;", f"st.shared.u32 [address+{sums}], count;",
+                  "add.u32 g, g, threads;", f"bra sums_{n};", f"sums_done_{n}:", "bar.sync 0;",
+                  # Each digit: the count above it (later sums, then its sum's later digits).
+                  "mov.u32 b, tid;", f"digits_{n}:", f"setp.ge.u32 p, b, {_THRESHOLD_BINS};",
+                  f"@p bra digits_done_{n};", "mov.u32 above, 0;", "shr.u32 g, b, 4;",
+                  "add.u32 g, g, 1;", f"later_sums_{n}:", "setp.ge.u32 q, g, 16;",
+                  f"@q bra later_sums_done_{n};", "mad.lo.u32 address, g, 4, base;",
+                  f"ld.shared.u32 t, [address+{sums}];", "add.u32 above, above, t;",
+                  "add.u32 g, g, 1;", f"bra later_sums_{n};", f"later_sums_done_{n}:",
+                  "add.u32 g, b, 1;", "or.b32 limit, b, 15;", "add.u32 limit, limit, 1;",
+                  f"later_digits_{n}:", "setp.ge.u32 q, g, limit;",
+                  f"@q bra later_digits_done_{n};", "mad.lo.u32 address, g, 4, base;",
+                  "ld.shared.u32 t, [address];", "add.u32 above, above, t;", "add.u32 g, g, 1;",
+                  f"bra later_digits_{n};", f"later_digits_done_{n}:",
+                  "mad.lo.u32 address, b, 4, base;", "ld.shared.u32 count, [address];",
+                  "setp.lt.u32 q, above, need;", "add.u32 t, above, count;",
+                  "setp.le.and.u32 q, need, t, q;", f"add.u32 address, base, {choice};",
+                  "@q st.shared.u32 [address], b;", "@q st.shared.u32 [address+4], above;",
+                  "add.u32 b, b, threads;", f"bra digits_{n};", f"digits_done_{n}:", "bar.sync 0;",
+                  f"add.u32 address, base, {choice};", "ld.shared.u32 digit, [address];",
+                  "ld.shared.u32 above, [address+4];", "sub.u32 need, need, above;"]
+        lines += ["mov.u32 chosen, digit;"] if n == 1 else [
+            "shl.b32 chosen, chosen, 8;", "or.b32 chosen, chosen, digit;"]
+        lines.append("bar.sync 0;")
+    # The two digits rounded to `bits`, under the shared bits of the largest key.
+    lines += ["mov.u32 t, 16;", f"sub.u32 t, t, ${bits};", "mov.u32 word, 65535;",
+              "shl.b32 word, word, t;", "and.b32 chosen, chosen, word;",
+              "shl.b32 chosen, chosen, 16;", "shr.u32 chosen, chosen, shared;",
+              "mov.u32 word, 4294967295;", "shr.u32 word, word, shared;", "not.b32 word, word;",
+              f"and.b32 word, word, ${largest};"]
+    lines += [f"or.b32 ${e}, chosen, word;" for e in range(pack)]
+    lines.append("}")
+    return "\n".join(lines)
+
+
 # (Plain functions above, for tests that run the statements on an emulated block.)
 _shared_slots_ptx = triton.constexpr_function(shared_slots_ptx)
 _shared_rank_ptx = triton.constexpr_function(shared_rank_ptx)
+_shared_threshold_ptx = triton.constexpr_function(shared_threshold_ptx)
 
 
 @triton.constexpr_function

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["NUMBER", "NOT_A_NUMBER", "INELIGIBLE", "kernel_keys", "order_keys", "rank_classes",
-           "sample_threshold", "top_k_indices"]
+           "sample_threshold", "sample_threshold_from_prefix", "top_k_indices"]
 
 # Rank classes, best first: every number ranks above every NaN, which ranks above every
 # column past the row's length (never selected).
@@ -74,6 +74,18 @@ def sample_threshold(keys: torch.Tensor, rank: int, bits: int = 16, digit_bits: 
         threshold |= digit << shift
         above, beyond, shift = counts[digit], past, shift - digit_bits
     return threshold
+
+
+def sample_threshold_from_prefix(keys: torch.Tensor, rank: int, bits: int = 16) -> int:
+    """``sample_threshold`` of one-bit passes in closed form: no pass splits the keys before
+    the first bit where the largest and the smallest of them differ, and every pass decides
+    a bit of the ``rank``-th largest key, so the threshold is that key's top
+    ``shared + bits`` bits (all 32 at most), ``shared`` the bits the largest and the
+    smallest share."""
+    largest, smallest = int(keys.max()), int(keys.min())
+    kept = min(32 - (largest ^ smallest).bit_length() + bits, 32)
+    target = int(keys.sort(descending=True).values[rank - 1])
+    return target >> (32 - kept) << (32 - kept)
 
 
 def top_k_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None
