@@ -5,10 +5,11 @@ It knows only the instructions those statements use: 32-bit ``mov`` (also of
 ``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``, ``mad.lo``, ``and``, ``or``,
 ``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as in PTX), ``clz``, ``setp``
 (with ``.and``/``.or``), ``or.pred``, ``selp``, ``ld``/``st.shared`` (scalar and
-``.v2``), ``atom``/``red.shared.add``, ``bra``, labels, predicates (``@p``, ``@!p``) and
-``bar.sync``; ``.reg`` and ``.shared`` declarations. A CTA's threads run one phase
-(up to the next barrier) at a time, in a shuffled order: any order is one that the GPU
-may take, since between barriers the threads share only atomics.
+``.v2``), ``atom``/``red.shared.add``, ``popc``, ``match.any.sync`` (over each 32 threads,
+``%lanemask_lt``), ``bra``, labels, predicates (``@p``, ``@!p``) and ``bar.sync``;
+``.reg`` and ``.shared`` declarations. A CTA's threads run one phase
+(up to the next barrier, or warp-wide match) at a time, in a shuffled order: any order is
+one that the GPU may take, since between barriers the threads share only atomics.
 """
 
 from __future__ import annotations
@@ -71,16 +72,31 @@ class Block:
         program, labels = self._parse(text)
         threads = [_Thread(self, program, labels, list(values), outputs, tid, len(operands))
                    for tid, values in enumerate(operands)]
-        running = [thread.steps() for thread in threads]
+        running = [(thread, thread.steps()) for thread in threads]
+        sent = {id(thread): None for thread in threads}
         while running:
+            # One phase: every thread up to its next barrier or warp-wide match (or end).
             self.rng.shuffle(running)
-            waiting = []
-            for steps in running:
-                if next(steps, None) == "barrier":
-                    waiting.append(steps)
-            if waiting and len(waiting) != len(running):
-                raise RuntimeError("a barrier that not every thread reached")
-            running = waiting
+            stops = []
+            for thread, steps in running:
+                value, sent[id(thread)] = sent[id(thread)], None
+                try:
+                    stop = steps.send(value) if value is not None else next(steps)
+                except StopIteration:
+                    stop = None
+                if stop is not None:
+                    stops.append((thread, steps, stop))
+            if stops and len(stops) != len(running):
+                raise RuntimeError("a barrier or match that not every thread reached")
+            kinds = {stop if stop == "barrier" else "match" for _, _, stop in stops}
+            if len(kinds) > 1:
+                raise RuntimeError("threads stopped at a barrier and at a match")
+            if kinds == {"match"}:  # match.any.sync over each warp's lanes
+                for thread, _, (_, value) in stops:
+                    sent[id(thread)] = sum(
+                        1 << (other.tid % 32) for other, _, (_, v) in stops
+                        if other.tid // 32 == thread.tid // 32 and v == value)
+            running = [(thread, steps) for thread, steps, _ in stops]
         return [thread.operands[:outputs] for thread in threads]
 
     def load(self, address: int) -> int:
@@ -112,7 +128,9 @@ class _Thread:
     def __init__(self, block: Block, program, labels, operands: list[int], outputs: int,
                  tid: int, threads: int) -> None:
         self.block = block
-        self.special = {"%tid.x": tid, "%ntid.x": threads}
+        self.tid = tid
+        self.special = {"%tid.x": tid, "%ntid.x": threads,
+                        "%lanemask_lt": (1 << (tid % 32)) - 1}
         self.program = program
         self.labels = labels
         self.operands = operands
@@ -160,6 +178,10 @@ class _Thread:
             parts = opcode.split(".")
             if opcode == "bar.sync":
                 yield "barrier"
+            elif opcode == "match.any.sync.b32":  # every lane of the warp, at once
+                self.set(ops[0], (yield ("match", self.value(ops[1]))))
+            elif opcode == "popc.b32":
+                self.set(ops[0], bin(self.value(ops[1])).count("1"))
             elif opcode == "bra":
                 pc = self.labels[ops[0]]
             elif opcode == "mov.u32":
@@ -172,7 +194,7 @@ class _Thread:
                 self.set(ops[0], ~self.value(ops[1]))
             elif opcode == "clz.b32":
                 self.set(ops[0], 32 - self.value(ops[1]).bit_length())
-            elif opcode == "selp.u32":
+            elif opcode in ("selp.u32", "selp.b32"):
                 self.set(ops[0], self.value(ops[1] if self.predicates[ops[3]] else ops[2]))
             elif opcode == "or.pred":
                 self.predicates[ops[0]] = self.predicates[ops[1]] or self.predicates[ops[2]]

@@ -754,9 +754,10 @@ def shared_threshold_ptx(pack: int) -> str:
     last four the same in each). The counted keys are shifted left past the bits the
     largest and the smallest share (``shared``; a shift by 32 gives 0 in PTX). Each pass
     counts the keys of the group (every counted key, then those whose first digit is the
-    chosen one) by their next 8 bits with shared atomic adds, sums the counts 16 at a
-    time, and the one digit whose count above it is below the rank still needed and
-    reaches it with its own count is written out; barriers between, and after the read.
+    chosen one) by their next 8 bits with shared atomic adds (one a warp and digit:
+    ``match.any``), sums the counts 16 at a time, and the one digit whose count above it
+    is below the rank still needed and reaches it with its own count is written out;
+    barriers between, and after the read.
     The threshold is the largest key's shared bits and the two digits, rounded to
     ``bits`` of them."""
     key, take, rank, largest, smallest, bits = (pack * (1 + i) for i in range(6))
@@ -764,7 +765,7 @@ def shared_threshold_ptx(pack: int) -> str:
     lines = ["{", f".shared .align 16 .b32 topk_bins[{_THRESHOLD_BINS + 16 + 2}];",
              ".reg .pred p, q;",
              ".reg .b32 base, address, tid, threads, shared, need, chosen, digit, word, b, g, "
-             f"above, count, limit, t, rel<{pack}>;",
+             f"above, count, limit, t, lanes, rel<{pack}>;",
              "mov.u32 base, topk_bins;", "mov.u32 tid, %tid.x;", "mov.u32 threads, %ntid.x;",
              f"xor.b32 word, ${largest}, ${smallest};", "clz.b32 shared, word;"]
     lines += [f"shl.b32 rel{e}, ${key + e}, shared;" for e in range(pack)]
@@ -781,7 +782,13 @@ def shared_threshold_ptx(pack: int) -> str:
                 lines += [f"shr.u32 word, rel{e}, 24;", "setp.eq.u32 p, word, chosen;",
                           f"setp.ne.and.u32 p, ${take + e}, 0, p;", f"shr.u32 digit, rel{e}, 16;",
                           "and.b32 digit, digit, 255;"]
-            lines += ["mad.lo.u32 address, digit, 4, base;", "@p red.shared.add.u32 [address], 1;"]
+            # Lanes of a digit add together: the lowest adds their number (the digits of
+            # the sample's top bits are few, and same-address atomics queue).
+            lines += ["selp.b32 word, digit, 4294967295, p;",
+                      "match.any.sync.b32 t, word, 4294967295;", "mov.u32 lanes, %lanemask_lt;",
+                      "and.b32 lanes, lanes, t;", "setp.eq.and.u32 q, lanes, 0, p;",
+                      "popc.b32 count, t;", "mad.lo.u32 address, digit, 4, base;",
+                      "@q red.shared.add.u32 [address], count;"]
         lines += ["bar.sync 0;",
                   # Sums of 16 counts, one a thread (or more, fewer threads than sums).
                   "mov.u32 g, tid;", f"sums_{n}:", "setp.ge.u32 p, g, 16;", f"@p bra sums_done_{n};",
