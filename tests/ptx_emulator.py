@@ -7,9 +7,10 @@ It knows only the instructions those statements use: 32-bit ``mov`` (also of
 (with ``.and``/``.or``), ``or.pred``, ``selp``, ``ld``/``st.shared`` (scalar and
 ``.v2``), ``atom``/``red.shared.add``, ``popc``, ``match.any.sync`` (over each 32 threads,
 ``%lanemask_lt``), ``bra``, labels, predicates (``@p``, ``@!p``) and ``bar.sync``;
-``.reg`` and ``.shared`` declarations. A CTA's threads run one phase
-(up to the next barrier, or warp-wide match) at a time, in a shuffled order: any order is
-one that the GPU may take, since between barriers the threads share only atomics.
+``.reg`` and ``.shared`` declarations. A CTA's threads run one at a time in a
+random order, each up to its next barrier (where it waits for the whole block) or
+warp-wide match (where it waits for its warp): any such order is one the GPU may take,
+and a missing barrier shows as a warp running ahead into memory another still uses.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Block:
                 continue
             if declared:
                 name = declared.group(2)
-                if name in self.symbols:
+                if depth == 0 and name in self.symbols:  # (inside braces: a new one each time)
                     raise ValueError(f"duplicate definition of {name}")
                 self.symbols[name] = self.size
                 if line.startswith(".shared"):
@@ -72,31 +73,39 @@ class Block:
         program, labels = self._parse(text)
         threads = [_Thread(self, program, labels, list(values), outputs, tid, len(operands))
                    for tid, values in enumerate(operands)]
-        running = [(thread, thread.steps()) for thread in threads]
-        sent = {id(thread): None for thread in threads}
-        while running:
-            # One phase: every thread up to its next barrier or warp-wide match (or end).
-            self.rng.shuffle(running)
-            stops = []
-            for thread, steps in running:
-                value, sent[id(thread)] = sent[id(thread)], None
-                try:
-                    stop = steps.send(value) if value is not None else next(steps)
-                except StopIteration:
-                    stop = None
-                if stop is not None:
-                    stops.append((thread, steps, stop))
-            if stops and len(stops) != len(running):
-                raise RuntimeError("a barrier or match that not every thread reached")
-            kinds = {stop if stop == "barrier" else "match" for _, _, stop in stops}
-            if len(kinds) > 1:
-                raise RuntimeError("threads stopped at a barrier and at a match")
-            if kinds == {"match"}:  # match.any.sync over each warp's lanes
-                for thread, _, (_, value) in stops:
-                    sent[id(thread)] = sum(
-                        1 << (other.tid % 32) for other, _, (_, v) in stops
-                        if other.tid // 32 == thread.tid // 32 and v == value)
-            running = [(thread, steps) for thread, steps, _ in stops]
+        steps = {thread.tid: thread.steps() for thread in threads}
+        sent: dict[int, int | None] = dict.fromkeys(steps)
+        runnable = list(steps)
+        at_barrier: set[int] = set()
+        at_match: dict[int, int] = {}  # tid -> the value it matches on
+        ended: set[int] = set()
+        while runnable:
+            # A random runnable thread, up to its next barrier, warp-wide match or end: a
+            # warp's match holds only that warp, a barrier every thread of the block.
+            tid = runnable.pop(self.rng.randrange(len(runnable)))
+            value, sent[tid] = sent[tid], None
+            try:
+                stop = steps[tid].send(value) if value is not None else next(steps[tid])
+            except StopIteration:
+                ended.add(tid)
+                continue
+            if stop == "barrier":
+                at_barrier.add(tid)
+            else:
+                at_match[tid] = stop[1]
+                warp = [t for t in steps if t // 32 == tid // 32]
+                if all(t in at_match for t in warp):  # match.any.sync over the warp's lanes
+                    for t in warp:
+                        sent[t] = sum(1 << (u % 32) for u in warp if at_match[u] == at_match[t])
+                    for t in warp:
+                        del at_match[t]
+                    runnable += warp
+            if not runnable and at_barrier:
+                if len(at_barrier) != len(steps):
+                    raise RuntimeError("a barrier that not every thread reached")
+                runnable, at_barrier = list(at_barrier), set()
+        if at_match or len(ended) != len(steps):
+            raise RuntimeError("a match that not every lane of a warp reached")
         return [thread.operands[:outputs] for thread in threads]
 
     def load(self, address: int) -> int:

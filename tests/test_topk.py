@@ -348,11 +348,19 @@ def test_sample_threshold_by_shared_digit_counts(threshold_bits, rows_kind):
     check_sample_threshold(1, threshold_bits, rows_kind, shared_sample=True)
 
 
+def launches_of(logits, k, settings) -> topk.TopKLaunches:
+    plan = topk.check_topk(topk.top_k_indices_into.op.bind(
+        logits, None, torch.empty(logits.shape[0], k, dtype=torch.int32, device=DEVICE)))
+    return topk._launches(plan, settings)
+
+
 def check_sample_threshold(digit_bits, threshold_bits, rows_kind, **changes):
     cols, k = 3000, 100
     settings = small_split_settings(k, cols, sample_digit_bits=digit_bits,
                                     threshold_bits=threshold_bits, **changes)
     logits = make_logits("normal", 2, cols, torch.float32, seed=17)
+    if changes.get("shared_sample"):
+        assert launches_of(logits, k, settings).sample.state.fixed["SHARED_SAMPLE"]
     lengths = None
     if rows_kind == "short-rows":  # the short row all negative: columns past it never count
         lengths = torch.tensor([cols, 1900], dtype=torch.int32, device=DEVICE)
@@ -661,7 +669,7 @@ def emulated_pairs(kind: str, block: int, g: torch.Generator) -> tuple[list[int]
 
 
 @pytest.mark.parametrize("kind", ["random", "crowded", "outlier", "none-valid"])
-@pytest.mark.parametrize("pack, threads", [(1, 8), (2, 4), (8, 4)])
+@pytest.mark.parametrize("pack, threads", [(1, 8), (2, 4), (8, 4), (1, 96)])
 def test_shared_memory_statements_on_an_emulated_block(pack, threads, kind):
     """The select kernel's two PTX statements (``shared_slots_ptx``, ``shared_rank_ptx``),
     their text run on an emulated block (``ptx_emulator``) with the pairs dealt to the
@@ -713,8 +721,8 @@ def test_shared_memory_statements_on_an_emulated_block(pack, threads, kind):
 
 @pytest.mark.parametrize("bits", [16, 15, 12])
 @pytest.mark.parametrize("kind", ["normal", "offset", "one-sign", "nan", "few-values",
-                                  "all-equal"])
-@pytest.mark.parametrize("pack, threads", [(2, 8), (4, 32)])
+                                  "narrow", "all-equal"])
+@pytest.mark.parametrize("pack, threads", [(2, 8), (4, 32), (2, 96)])
 def test_sample_threshold_statement_on_an_emulated_block(pack, threads, kind, bits):
     """The sample kernel's threshold statement (``shared_threshold_ptx``), its text run on an
     emulated block: the rank-th largest counted key to ``bits`` bits past the bits the
@@ -731,6 +739,8 @@ def test_sample_threshold_statement_on_an_emulated_block(pack, threads, kind, bi
         x[torch.rand(size, generator=g) < 0.2] = NAN
     elif kind == "few-values":
         x = torch.randint(0, 3, (size,), generator=g).float()
+    elif kind == "narrow":  # keys a few units apart: more than 16 bits shared
+        x = (1.0 + torch.randint(0, 40, (size,), generator=g) * 2.0**-23).float()
     elif kind == "all-equal":
         x = torch.full((size,), 2.5)
     keys = reference.kernel_keys(x)
@@ -954,6 +964,8 @@ def test_select_kernel_in_shared_memory(rows, cols, k, kind, mode):
     settings = topk.topk_settings(rows, cols, k)._replace(place_part=0, **{mode: True})
     assert topk.shared_slots_fit(settings.block, settings.select_warps)
     logits = make_logits(kind, rows, cols, torch.float32, seed=rows + cols + k)
+    fixed = launches_of(logits, k, settings).select.state.fixed
+    assert fixed["SHARED_SLOTS" if mode == "shared_slots" else "SHARED_RANK"]
     for lengths in (None, random_lengths(rows, cols, generator(cols))):
         check(logits, k, lengths, settings)
 

@@ -757,12 +757,13 @@ def shared_threshold_ptx(pack: int) -> str:
     chosen one) by their next 8 bits with shared atomic adds (one a warp and digit:
     ``match.any``), sums the counts 16 at a time, and the one digit whose count above it
     is below the rank still needed and reaches it with its own count is written out;
-    barriers between, and after the read.
-    The threshold is the largest key's shared bits and the two digits, rounded to
+    barriers between. The threshold is the largest key's shared bits and the two digits, rounded to
     ``bits`` of them."""
     key, take, rank, largest, smallest, bits = (pack * (1 + i) for i in range(6))
     sums, choice = _THRESHOLD_SUMS, _THRESHOLD_CHOICE
-    lines = ["{", f".shared .align 16 .b32 topk_bins[{_THRESHOLD_BINS + 16 + 2}];",
+    # (A function-scope name: a second copy of the statement fails to assemble.)
+    lines = [".reg .b32 topk_threshold_once;", "{",
+             f".shared .align 16 .b32 topk_bins[{_THRESHOLD_BINS + 16 + 2}];",
              ".reg .pred p, q;",
              ".reg .b32 base, address, tid, threads, shared, need, chosen, digit, word, b, g, "
              f"above, count, limit, t, lanes, rel<{pack}>;",
@@ -817,9 +818,10 @@ def shared_threshold_ptx(pack: int) -> str:
                   "add.u32 b, b, threads;", f"bra digits_{n};", f"digits_done_{n}:", "bar.sync 0;",
                   f"add.u32 address, base, {choice};", "ld.shared.u32 digit, [address];",
                   "ld.shared.u32 above, [address+4];", "sub.u32 need, need, above;"]
+        # (No barrier after the read: the choice is written again only after the next
+        # pass's third barrier, and the counts are not read after it.)
         lines += ["mov.u32 chosen, digit;"] if n == 1 else [
             "shl.b32 chosen, chosen, 8;", "or.b32 chosen, chosen, digit;"]
-        lines.append("bar.sync 0;")
     # The two digits rounded to `bits`, under the shared bits of the largest key.
     lines += ["mov.u32 t, 16;", f"sub.u32 t, t, ${bits};", "mov.u32 word, 65535;",
               "shl.b32 word, word, t;", "and.b32 chosen, chosen, word;",
