@@ -153,10 +153,10 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
             if base.sample_block * times <= topk.MAX_SAMPLE:
                 variants.append((f"sample-x{times}",
                                  dict(sample_block=base.sample_block * times)))
-    # (Where the select kernel cannot use shared memory, a shared-* variant would time the
-    # plain select kernel under its label: left out.)
+    # (Where the select kernel cannot use shared memory, a variant asking it to would time
+    # the plain select kernel under its label: left out.)
     variants = [(label, change) for label, change in variants
-                if label == "shared-sample" or not label.startswith("shared-")
+                if not (change.get("shared_slots") or change.get("shared_rank"))
                 or topk.shared_slots_fit(change.get("block", base.block),
                                          change.get("select_warps", base.select_warps))]
     if quick:

@@ -348,10 +348,14 @@ def test_sample_threshold_by_shared_digit_counts(threshold_bits, rows_kind):
     check_sample_threshold(1, threshold_bits, rows_kind, shared_sample=True)
 
 
+def plan_of(logits, k) -> topk.TopKPlan:
+    """The checked call of top-``k`` of ``logits`` (no lengths) into an output beside them."""
+    return topk.check_topk(topk.top_k_indices_into.op.bind(
+        logits, None, torch.empty(logits.shape[0], k, dtype=torch.int32, device=logits.device)))
+
+
 def launches_of(logits, k, settings) -> topk.TopKLaunches:
-    plan = topk.check_topk(topk.top_k_indices_into.op.bind(
-        logits, None, torch.empty(logits.shape[0], k, dtype=torch.int32, device=DEVICE)))
-    return topk._launches(plan, settings)
+    return topk._launches(plan_of(logits, k), settings)
 
 
 def check_sample_threshold(digit_bits, threshold_bits, rows_kind, **changes):
@@ -599,8 +603,7 @@ def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
     """Where the GPU has dependent launch, every kernel gets the mode as USE_PDL and the
     launch option with it (compiled, not run, here); elsewhere neither."""
     logits = torch.randn(2, 9000)
-    plan = topk.check_topk(topk.top_k_indices_into.op.bind(
-        logits, None, torch.empty(2, 300, dtype=torch.int32)))
+    plan = plan_of(logits, 300)
     settings = topk.topk_settings(2, 9000, 300, interpreted=False)._replace(pdl=mode)
     for place_part in (0, 64):  # the select kernel, or the count and place kernels
         settings = settings._replace(place_part=place_part)
@@ -628,8 +631,7 @@ def test_shared_memory_settings_reach_the_select_kernel_on_nvidia_only(monkeypat
     ``SHARED_SLOTS_MAX_BLOCK``); never here, nor by default."""
     assert topk.shared_slots_fit(block, warps) == fits
     logits = torch.randn(2, 9000)
-    plan = topk.check_topk(topk.top_k_indices_into.op.bind(
-        logits, None, torch.empty(2, 64, dtype=torch.int32)))
+    plan = plan_of(logits, 64)
     settings = topk.topk_settings(2, 9000, 64, interpreted=False)._replace(
         place_part=0, block=block, select_warps=warps)
     assert not settings.shared_slots and not settings.shared_rank
