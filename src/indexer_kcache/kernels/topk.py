@@ -757,8 +757,8 @@ def shared_threshold_ptx(pack: int) -> str:
     chosen one) by their next 8 bits with shared atomic adds (one a warp and digit:
     ``match.any``), sums the counts 16 at a time, and the one digit whose count above it
     is below the rank still needed and reaches it with its own count is written out;
-    barriers between. The threshold is the largest key's shared bits and the two digits, rounded to
-    ``bits`` of them."""
+    barriers between. The threshold is the largest key's shared bits and the two digits,
+    rounded to ``bits`` of them."""
     key, take, rank, largest, smallest, bits = (pack * (1 + i) for i in range(6))
     sums, choice = _THRESHOLD_SUMS, _THRESHOLD_CHOICE
     # (A function-scope name: a second copy of the statement fails to assemble.)
