@@ -1,0 +1,433 @@
+"""Experiment: FP8 keys scored with the tensor cores' dot left running while the previous
+dot's relu, weights and head sum are computed, written in Gluon (Triton's lower-level
+dialect), on Hopper only.
+
+The library's kernel waits for each tile's dot before anything else happens in its warps:
+Triton's Hopper pipeliner waits right after a dot whose result is used in the same
+iteration. With several query rows a program (``next_n`` 4) its registers allow two
+programs an SM, and the tensor cores idle while the four warps work through the head
+sums. Here a program keeps one dot of a (tile, row) pair in flight while it finishes the
+pair before: the dot of one row is ``[64 keys x 128] x [128 x 64 heads]``, issued
+asynchronously, the 64 x 64 result of the previous pair waited for with one dot still
+outstanding. Pages come in by TMA, several tiles ahead, each with its 64 fp32 scales.
+
+Scope (what the experiment needs, nothing more): FP8 keys with fp32 scales, row-major
+unpadded pages of 64 keys, e4m3 queries without scales, 64 heads, float32 weights,
+``context_lens`` of one limit a sequence, ``clean_logits`` inside the scored range only.
+Its logits are checked against the library's before anything is timed.
+
+    python benchmarks/exp_scorer_async_dot.py            # on an H200: check, then time
+    python benchmarks/exp_scorer_async_dot.py --compile  # anywhere: sm_90 build, registers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# TMA loads into shared memory: named ``async_load`` from Triton 3.7 (3.9 removed the old name).
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# A barrier of the program's threads: ``thread_barrier`` up to 3.8, ``barrier`` in 3.9.
+cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+HEADS = gl.constexpr(64)
+DIM = gl.constexpr(128)
+BLOCK = gl.constexpr(64)
+PAGE_ROWS = gl.constexpr(66)  # a page of 64 keys: 64 rows of 128 value bytes, 2 of scales
+KEYS_A_PAGE, HEAD_DIM, ROWS_A_PAGE = 64, 128, 66  # the same, for the host
+
+
+def key_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+
+
+def scale_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+
+
+@gluon.jit
+def _pick(i: gl.constexpr, w0, w1, w2, w3):
+    if i == 0:
+        return w0
+    elif i == 1:
+        return w1
+    elif i == 2:
+        return w2
+    else:
+        return w3
+
+
+@gluon.jit
+def _weights(i: gl.constexpr, w0, w1, w2, w3, w_smem, W_SMEM: gl.constexpr,
+             MMA: gl.constexpr):
+    """Row ``i``'s weights, in the columns' layout: kept in registers, or read from shared
+    memory each time (``W_SMEM``: 16 registers a row fewer)."""
+    if W_SMEM:
+        return w_smem.index(i).load(gl.SliceLayout(0, MMA))
+    else:
+        return _pick(i, w0, w1, w2, w3)
+
+
+@gluon.jit
+def _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
+                n_tiles, STAGES: gl.constexpr):
+    """TMA of tile ``p``'s values and scales into stage ``p % STAGES`` (nothing past the
+    range). A block id outside ``[0, num_blocks)`` asks for rows past the tensor, which
+    TMA fills with zeros."""
+    live = p < n_tiles
+    blk = gl.load(table_row + tile0 + p, mask=live, other=0)
+    blk = gl.where((blk >= 0) & (blk < num_blocks), blk, num_blocks)
+    stage = p % STAGES
+    bar = bars.index(stage)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=live)
+    tma_load(k_desc, [blk * PAGE_ROWS, 0], bar, k_smem.index(stage), pred=live)
+    tma_load(s_desc, [(blk * PAGE_ROWS + BLOCK) * (DIM // 4)], bar, s_smem.index(stage),
+             pred=live)
+
+
+@gluon.jit
+def _finish(acc, s_smem, table_row, num_blocks, out_row, out_sr, tile0, jp, col_lo, col_hi,
+            limit, w, STAGES: gl.constexpr, MMA: gl.constexpr):
+    """Relu, weights, head sum and scale of pair (tile ``jp``, one row); stored below the
+    range's end, ``-inf`` at and past the row's limit or for a block id out of range.
+    ``jp < 0`` stores nothing (the loop's first pair has no predecessor)."""
+    keys: gl.constexpr = gl.SliceLayout(1, MMA)
+    t = col_lo + jp * BLOCK + gl.arange(0, BLOCK, layout=keys)
+    scales = s_smem.index((jp + STAGES) % STAGES).load(keys)  # (jp >= -1)
+    blk = gl.load(table_row + tile0 + jp, mask=jp >= 0, other=-1)
+    valid = (blk >= 0) & (blk < num_blocks)
+    terms = (acc + gl.abs(acc)) * gl.expand_dims(w, 0)
+    score = gl.sum(terms, axis=1) * (scales * 0.5)
+    value = gl.where((t < limit) & valid, score, float("-inf"))
+    end = gl.where(jp >= 0, col_hi, 0)
+    gl.store(out_row + t, value, mask=t < end)
+
+
+@gluon.jit
+def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_ptr, out_ptr,
+                         out_sr, num_blocks, max_cols, chunk_tiles,
+                         NEXT_N: gl.constexpr, STAGES: gl.constexpr, W_SMEM: gl.constexpr):
+    b = gl.program_id(0)
+    split = gl.program_id(1)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, HEADS, 32])
+    LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    heads: gl.constexpr = gl.SliceLayout(0, MMA)
+
+    ctx = gl.load(ctx_ptr + b)
+    seen = gl.minimum(ctx, max_cols)
+    tile0 = split * chunk_tiles
+    col_lo = tile0 * BLOCK
+    col_hi = gl.minimum(col_lo + chunk_tiles * BLOCK, seen)
+    n_tiles = gl.cdiv(col_hi - col_lo, BLOCK)
+    table_row = table_ptr + b.to(gl.int64) * table_sb
+
+    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK, DIM], k_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK], s_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    for p in gl.static_range(STAGES - 1):
+        _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
+                    n_tiles, STAGES)
+
+    # The queries of the program's rows, [head, dim] each (the dot's second operand,
+    # read with dims contiguous), and their weights.
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [NEXT_N, HEADS, DIM], k_desc.layout)
+    h = gl.arange(0, HEADS, layout=gl.SliceLayout(1, LOAD))
+    d = gl.arange(0, DIM, layout=gl.SliceLayout(0, LOAD))
+    wh = gl.arange(0, HEADS, layout=heads)
+    row0 = b * NEXT_N
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    w_smem = gl.allocate_shared_memory(gl.float32, [NEXT_N, HEADS], flat)
+    w0 = gl.load(w_ptr + row0 * HEADS + wh)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    for i in gl.static_range(NEXT_N):
+        q = gl.load(q_ptr + (row0 + i).to(gl.int64) * (HEADS * DIM) + gl.expand_dims(h, 1) * DIM
+                    + gl.expand_dims(d, 0))
+        q_smem.index(i).store(q.to(gl.float8e4nv, bitcast=True))
+        if W_SMEM:
+            w_smem.index(i).store(gl.load(w_ptr + (row0 + i) * HEADS + wh))
+        else:
+            if i == 1:
+                w1 = gl.load(w_ptr + (row0 + 1) * HEADS + wh)
+            if i == 2:
+                w2 = gl.load(w_ptr + (row0 + 2) * HEADS + wh)
+            if i == 3:
+                w3 = gl.load(w_ptr + (row0 + 3) * HEADS + wh)
+    fence_async_shared()
+    cta_barrier()
+
+    zero = gl.zeros([BLOCK, HEADS], gl.float32, layout=MMA)
+    # ``prev``: the finished dot of the pair before, carried in registers the tensor cores
+    # no longer write (a dot still running when the loop's registers are renamed would
+    # make ptxas wait after every dot).
+    prev = zero
+    for j in range(n_tiles):
+        stage = j % STAGES
+        mbarrier.wait(bars.index(stage), phase=(j // STAGES) & 1)
+        keys = k_smem.index(stage)
+        for i in gl.static_range(NEXT_N):
+            cur = warpgroup_mma(keys, q_smem.index(i).permute((1, 0)), zero, use_acc=False,
+                                is_async=True)
+            r = (i + NEXT_N - 1) % NEXT_N
+            jp = j if i > 0 else j - 1
+            # Always true here (the loop runs only when it is): a branch, which ptxas does not
+            # move the head sums across. Without it, ptxas gives the dot the registers of
+            # ``prev`` and computes prev's head sums before issuing the dot.
+            if col_hi > col_lo:
+                w = _weights(r, w0, w1, w2, w3, w_smem, W_SMEM, MMA)
+                _finish(prev, s_smem, table_row, num_blocks,
+                        out_ptr + (row0 + r).to(gl.int64) * out_sr, out_sr, tile0, jp, col_lo,
+                        col_hi, ctx - NEXT_N + r + 1, w, STAGES, MMA)
+            prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
+        # Every dot of tile j - 1 is done: its stage takes tile j + STAGES - 1.
+        _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0,
+                    j + STAGES - 1, n_tiles, STAGES)
+    last: gl.constexpr = NEXT_N - 1
+    _finish(prev, s_smem, table_row, num_blocks, out_ptr + (row0 + last).to(gl.int64) * out_sr,
+            out_sr, tile0, n_tiles - 1, col_lo, col_hi, ctx - NEXT_N + last + 1,
+            _weights(last, w0, w1, w2, w3, w_smem, W_SMEM, MMA), STAGES, MMA)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+
+# ------------------------------------------------------------------------------ host
+def descriptors(cache):
+    """TMA descriptors of the cache's value rows and scale rows (unpadded 64-key pages)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if (cache.dim() != 3 or tuple(cache.shape[1:]) != (KEYS_A_PAGE, HEAD_DIM + 4)
+            or not cache.is_contiguous()):
+        raise ValueError(f"k_cache: expected a contiguous [num_blocks, 64, 132] FP8 cache, "
+                         f"got {tuple(cache.shape)}")
+    rows = cache.shape[0] * ROWS_A_PAGE
+    values = cache.view(torch.float8_e4m3fn).view(rows, HEAD_DIM)
+    scales = cache.view(torch.float32).view(rows * HEAD_DIM // 4)
+    k_desc = TensorDescriptor(values, [rows, HEAD_DIM], [HEAD_DIM, 1], [KEYS_A_PAGE, HEAD_DIM],
+                              key_layout())
+    s_desc = TensorDescriptor(scales, [rows * HEAD_DIM // 4], [1], [KEYS_A_PAGE],
+                              scale_layout())
+    return k_desc, s_desc
+
+
+def launcher(call, chunk_tiles, stages=4, w_smem=False):
+    values, scales = call["q"]
+    if scales is not None:
+        raise ValueError("q: expected e4m3 values without scales")
+    batch, next_n = values.shape[:2]
+    cache, table, out = call["k_cache"], call["block_table"], call["out"]
+    k_desc, s_desc = descriptors(cache)
+    context = call["max_model_len"]
+    splits = -(-context // (chunk_tiles * KEYS_A_PAGE))
+    grid = (batch, splits)
+    q_bytes = values.view(values.shape).contiguous()
+    weights = call["weights"]
+
+    def run():
+        fp8_async_dot_kernel[grid](
+            q_bytes, weights, k_desc, s_desc, table, table.stride(0), call["context_lens"], out,
+            out.stride(0), cache.shape[0], context, chunk_tiles, NEXT_N=next_n, STAGES=stages,
+            W_SMEM=w_smem, num_warps=4)
+
+    return run
+
+
+def compile_only(next_n, stages, w_smem=False):
+    """Build for sm_90 without a GPU; registers, spills, shared memory, SASS size."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = fp8_async_dot_kernel
+    names = fn.arg_names
+    sig = dict(q_ptr="*fp8e4nv", w_ptr="*fp32",
+               k_desc=f"tensordesc<fp8e4nv[{KEYS_A_PAGE}, {HEAD_DIM}],{key_layout()!r}>",
+               s_desc=f"tensordesc<fp32[{KEYS_A_PAGE}],{scale_layout()!r}>",
+               table_ptr="*i32", table_sb="i32", ctx_ptr="*i32", out_ptr="*fp32", out_sr="i32",
+               num_blocks="i32", max_cols="i32", chunk_tiles="i32", NEXT_N="constexpr",
+               STAGES="constexpr", W_SMEM="constexpr")
+    constexprs = {(names.index("NEXT_N"),): next_n, (names.index("STAGES"),): stages,
+                  (names.index("W_SMEM"),): w_smem}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                           text=True).stdout
+    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    return dict(triton=triton.__version__, next_n=next_n, stages=stages, w_smem=w_smem,
+                registers=int(regs.group(1)), stack=int(regs.group(2)),
+                shared=kernel.metadata.shared,
+                sass=len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, re.M)),
+                dot_waits=sorted(set(waits)), sass_text=sass)
+
+
+def check(calls, bench_logits, reference_logits, torch, settings):
+    """Each setting's logits on ``calls[0]`` with ragged context lengths and a few block ids
+    out of range, against the torch reference: within the contract's bound where finite,
+    ``-inf`` exactly where it has ``-inf``. Returns {setting: "ok" or what failed}."""
+    call = dict(calls[0])
+    batch = call["block_table"].shape[0]
+    g = torch.Generator(device=call["out"].device).manual_seed(1)
+    context = call["max_model_len"]
+    lens = torch.randint(1, context + 1, (batch,), generator=g, device=g.device,
+                         dtype=torch.int32)
+    lens[0] = context
+    table = call["block_table"].clone()
+    table[0, 1] = -1
+    table[-1, 0] = call["k_cache"].shape[0] + 7
+    call.update(context_lens=lens, block_table=table, out=torch.empty_like(call["out"]))
+    args = (call["q"], call["k_cache"], call["weights"], lens, table, context)
+    want = bench_logits.paged_mqa_logits(*args, backend="reference")
+    keys, _ = reference_logits.sequence_keys(call["k_cache"], table, context, False, False,
+                                             0, 0)
+    bound = bench_logits.contract_bound(call["q"], keys, call["weights"])
+    finite = torch.isfinite(want)
+    verdicts = {}
+    for chunk, stages, w_smem in settings:
+        name = setting_name(chunk, stages, w_smem)
+        try:
+            call["out"].fill_(float("-inf"))  # columns past a row's context stay -inf
+            launcher(call, chunk, stages, w_smem)()
+            torch.cuda.synchronize()
+            got = call["out"]
+            err = (got - want).abs()
+            same_inf = torch.equal(torch.isneginf(got), torch.isneginf(want))
+            inside = bool((err[finite] <= bound[finite] + 1e-6 * want[finite].abs()).all())
+            verdicts[name] = "ok" if same_inf and inside else (
+                f"wrong: -inf {'same' if same_inf else 'differs'}, worst "
+                f"{(err[finite] / bound[finite].clamp_min(1e-30)).max().item():.3g} of the bound")
+        except Exception as e:  # noqa: BLE001
+            verdicts[name] = f"error {type(e).__name__}: {str(e)[:300]}"
+    return verdicts
+
+
+def setting_name(chunk, stages, w_smem):
+    return f"chunk {chunk} s{stages}{' w-smem' if w_smem else ''}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compile", action="store_true", help="build for sm_90 only")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    if args.compile:
+        for next_n in (1, 2, 4):
+            for stages in (3, 4, 6):
+                for w_smem in (False, True):
+                    info = compile_only(next_n, stages, w_smem)
+                    info.pop("sass_text")
+                    print(json.dumps(info))
+        return
+
+    import torch
+
+    from indexer_kcache.bench import logits as bench_logits
+    from indexer_kcache.bench.timing import copy_bandwidth_GBps, graph_time_us
+    from indexer_kcache.reference import logits as reference_logits
+
+    device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    lines = ["checks against the torch reference (4 x 4096, ragged, two bad block ids):"]
+    for next_n in (1, 2, 4):
+        calls, _ = bench_logits.make_calls("fp8", "e4m3", 4, 4096, next_n, device)
+        settings = [(chunk, stages, w_smem) for chunk in (4, 16, 64) for stages in (3, 4)
+                    for w_smem in (False, True)]
+        verdicts = check(calls, bench_logits, reference_logits, torch, settings)
+        bad = {k: v for k, v in verdicts.items() if v != "ok"}
+        lines.append(f"  next_n {next_n}: {len(verdicts) - len(bad)} of {len(verdicts)} ok"
+                     + ("; " + "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:3])
+                        if bad else ""))
+        del calls
+    print("\n".join(lines), flush=True)
+
+    copy = copy_bandwidth_GBps()
+    shapes = [(64, 8192, 1), (64, 8192, 4), (64, 32768, 1), (64, 32768, 2), (64, 32768, 4),
+              (128, 65536, 1), (8, 32768, 4)]
+    records = []
+    for batch, context, next_n in shapes:
+        calls, nbytes = bench_logits.make_calls("fp8", "e4m3", batch, context, next_n, device)
+        ours = [bench_logits.scorer_call(c) for c in calls]
+        ours[0]()
+        want = calls[0]["out"].clone()
+        tiles = -(-context // KEYS_A_PAGE)
+        # Two, three (one wave at three programs an SM) and six programs an SM.
+        chunks = sorted({max(1, tiles * batch // (sms * k)) for k in (2, 3, 6)})
+        # Four rows: 3 or 4 stages (three programs an SM by shared memory either way).
+        settings = [(c, st, ws) for c in chunks for st in ((3, 4) if next_n > 2 else (4, 6))
+                    for ws in ((False, True) if next_n > 1 else (False, ))]
+        results = {}
+        for chunk, stages, w_smem in settings:
+            name = setting_name(chunk, stages, w_smem)
+            try:
+                calls[0]["out"].fill_(float("nan"))
+                launcher(calls[0], chunk, stages, w_smem)()
+                torch.cuda.synchronize()
+                err = (calls[0]["out"] - want).abs()
+                # The same products in the same order as the library's dot; only the head
+                # sum's order differs.
+                tolerance = 1e-4 * (want.abs() + want.abs().mean())
+                results[name] = [] if bool((err <= tolerance).all()) else (
+                    f"differs from the library (worst {(err / tolerance).max().item():.3g} "
+                    f"of the tolerance)")
+            except Exception as e:  # noqa: BLE001
+                results[name] = f"error {type(e).__name__}: {str(e)[:300]}"
+        results["ours"] = []
+        for _ in range(args.rounds):
+            for name, times in results.items():
+                if isinstance(times, str):
+                    continue
+                if name == "ours":
+                    fns = ours
+                else:
+                    chunk, rest = name.replace("chunk ", "").split(" s", 1)
+                    fns = [launcher(c, int(chunk), int(rest.split()[0]), "w-smem" in rest)
+                           for c in calls]
+                times.append(graph_time_us(fns, 40))
+        timed = {k: min(v) for k, v in results.items() if isinstance(v, list) and v}
+        best = sorted(timed.items(), key=lambda kv: kv[1])[:4]
+        pct = lambda us, n=nbytes: n / (us * 1e-6) / 1e9 / copy * 100  # noqa: E731
+        lines.append(f"{batch} x {context} next_n {next_n}: ours {timed['ours']:.1f} us "
+                     f"({pct(timed['ours']):.0f} %); best: "
+                     + ", ".join(f"{k} {v:.1f} ({pct(v):.0f} %)" for k, v in best))
+        errors = {k: v for k, v in results.items() if isinstance(v, str)}
+        if errors:
+            lines.append("   not timed: " + "; ".join(f"{k}: {v}" for k, v in
+                                                      list(errors.items())[:3]))
+        records.append(dict(batch=batch, context=context, next_n=next_n, bytes=nbytes,
+                            results=results))
+        print(lines[-1], flush=True)
+        del calls
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "exp_scorer_async_dot.json"), "w") as f:
+        json.dump(dict(copy_GBps=copy, gpu=torch.cuda.get_device_name(), records=records), f,
+                  indent=1)
+    print(f"copy {copy:.0f} GB/s")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
