@@ -43,6 +43,8 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # A barrier of the program's threads: ``thread_barrier`` in 3.6, ``barrier`` from 3.7.
 cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
+from indexer_kcache.kernels import logits as _lib_logits  # noqa: E402
+
 HEADS = gl.constexpr(64)
 DIM = gl.constexpr(128)
 BLOCK = gl.constexpr(64)
@@ -180,10 +182,10 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
     zero = gl.zeros([BLOCK, HEADS], gl.float32, layout=MMA)
     # ``prev``: the finished dot of the pair before, carried in registers the tensor cores
     # no longer write (a dot still running when the loop's registers are renamed would
-    # make ptxas wait after every dot). With several rows, the tile's last pair is carried
-    # into the next iteration as ``x + |x|``: registers a dot defined, reaching the loop's
-    # head, make ptxas wait for the running dot before reading them.
-    CARRY_DOUBLED: gl.constexpr = NEXT_N > 1
+    # make ptxas wait after every dot). The tile's last pair is carried into the next
+    # iteration as ``x + |x|``: registers a dot defined, reaching the loop's head, make
+    # ptxas wait for the running dot before reading them, or copy them one by one.
+    CARRY_DOUBLED: gl.constexpr = True
     prev = zero
     for j in range(n_tiles):
         stage = j % STAGES
@@ -221,6 +223,182 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
         mbarrier.invalidate(bars.index(s))
 
 
+# ------------------------------------------------------------------------------ MXFP4 keys
+# One row a program, e4m3 queries without scales. A page: 64 keys of 64 packed bytes (16
+# words, four 32-dim groups of four words), then the keys' four UE8M0 group scales as one
+# word each. Each thread decodes one group of two keys (four words), folding the group's
+# scale into the decoded e4m3 bytes relative to the program's reference exponent (as the
+# library's ``PROGRAM_FOLD``: E2M1 times 2**(FOLD_TOP - 6 + e - ref)), stores them to
+# shared memory, and the dot reads them from there. A group outside the fold's window
+# decodes to NaN bytes (the library then scores its program again; here it stays NaN).
+FOLD_TOP = gl.constexpr(_lib_logits.FP4_FOLD_SPAN)
+FOLD_HEADROOM = gl.constexpr(_lib_logits.FP4_FOLD_HEADROOM.value)
+FP4_WORD_PTX = gl.constexpr(_lib_logits._FP4_WORD_PTX.value)
+FP4_PAGE_WORDS = gl.constexpr(1088)  # 64 x 64 value bytes and 64 scale words, as int32
+NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+def packed_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+# The decoded keys as int32 words [64, 32] and as the dot's e4m3 operand [64, 128]: the same
+# bytes, swizzled alike (128-byte rows).
+DECODED_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
+                                                   rank=2))
+E4M3_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8,
+                                                rank=2))
+
+
+@gluon.jit
+def _as_e4m3(words_smem):
+    """The decoded keys ``[64, 32]`` int32 in shared memory, as the dot's ``[64, 128]``
+    e4m3 operand (the same bytes and 128-byte swizzle)."""
+    if NEW_REINTERPRET:
+        return words_smem.reinterpret(gl.float8e4nv, [BLOCK, DIM], E4M3_LAYOUT)
+    else:
+        return words_smem._reinterpret(gl.float8e4nv, [BLOCK, DIM], E4M3_LAYOUT)
+
+
+@gluon.jit
+def _issue_fp4_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0, p,
+                    n_tiles, STAGES: gl.constexpr):
+    """TMA of tile ``p``'s packed values and scale words into stage ``p % STAGES``."""
+    live = p < n_tiles
+    blk = gl.load(table_row + tile0 + p, mask=live, other=0)
+    blk = gl.where((blk >= 0) & (blk < num_blocks), blk, 0)
+    stage = p % STAGES
+    bar = bars.index(stage)
+    mbarrier.expect(bar, v_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=live)
+    tma_load(v_desc, [blk * 68, 0], bar, v_smem.index(stage), pred=live)
+    tma_load(s_desc, [blk, 0], bar, s_smem.index(stage), pred=live)
+
+
+@gluon.jit
+def _fold_ref(s_smem, table_row, num_blocks, tile0, col_lo, col_hi, ROWS: gl.constexpr):
+    """The program's reference exponent: FOLD_HEADROOM above the largest finite group
+    exponent of its first tile's readable keys (127 when none), at most 254."""
+    t = col_lo + gl.arange(0, BLOCK, layout=ROWS)
+    words = s_smem.index(0).reshape([BLOCK]).load(ROWS)
+    blk = gl.load(table_row + tile0)
+    ok = (t < col_hi) & (blk >= 0) & (blk < num_blocks)
+    top = gl.zeros([BLOCK], gl.int32, layout=ROWS)
+    for g in gl.static_range(4):
+        e = (words >> (8 * g)) & 0xFF
+        top = gl.maximum(top, gl.where(ok & (e != 255), e, 0))
+    top = gl.max(top, axis=0)
+    return gl.where(top == 0, 127, gl.minimum(top + FOLD_HEADROOM, 254))
+
+
+@gluon.jit
+def _decode_tile(v_smem, s_smem, stage, ref, PACK: gl.constexpr):
+    """Tile ``stage``'s keys decoded to e4m3 words ``[64, 32]`` (natural element order)."""
+    GROUPS: gl.constexpr = gl.SliceLayout(2, PACK)
+    packed = v_smem.index(stage).reshape([BLOCK, 4, 4]).load(PACK)
+    words = s_smem.index(stage).reshape([BLOCK]).load(gl.SliceLayout(1, GROUPS))
+    g = gl.arange(0, 4, layout=gl.SliceLayout(0, GROUPS))
+    e = (gl.expand_dims(words, 1) >> gl.expand_dims(8 * g, 0)) & 0xFF
+    k = e - ref + FOLD_TOP
+    exact = (k >= 1) & (k <= FOLD_TOP)  # a byte 255 is above any ref
+    t_lo = gl.where(exact, k * 0x08080800 + 0x0C080000, 0x7F7F7F7F)
+    t_hi = gl.where(exact, k * 0x08080808 + 0x1C181410, 0x7F7F7F7F)
+    t_lo = gl.broadcast(gl.expand_dims(t_lo, 2), packed)[0]
+    t_hi = gl.broadcast(gl.expand_dims(t_hi, 2), packed)[0]
+    low, high = gl.inline_asm_elementwise(FP4_WORD_PTX, "=r,=r,r,r,r", [packed, t_lo, t_hi],
+                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    return gl.reshape(gl.join(low, high), [BLOCK, DIM // 4])
+
+
+@gluon.jit
+def _finish_fp4(acc, table_row, num_blocks, out_row, tile0, jp, col_lo, col_hi, limit, w,
+                key_factor, MMA: gl.constexpr):
+    """``_finish`` for folded MXFP4 keys: the key factor (with relu's 1/2) is one number."""
+    keys: gl.constexpr = gl.SliceLayout(1, MMA)
+    t = col_lo + jp * BLOCK + gl.arange(0, BLOCK, layout=keys)
+    blk = gl.load(table_row + tile0 + jp, mask=jp >= 0, other=-1)
+    valid = (blk >= 0) & (blk < num_blocks)
+    terms = acc * gl.expand_dims(w, 0)  # acc: x + |x|
+    score = gl.sum(terms, axis=1) * key_factor
+    value = gl.where((t < limit) & valid, score, float("-inf"))
+    gl.store(out_row + t, value, mask=(t < col_hi) & (jp >= 0))
+
+
+@gluon.jit
+def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ctx_ptr, out_ptr,
+                           out_sr, num_blocks, max_cols, chunk_tiles, STAGES: gl.constexpr):
+    gl.static_assert(STAGES >= 2)
+    b = gl.program_id(0)
+    split = gl.program_id(1)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, HEADS, 32])
+    LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    # [key, group, word]: a thread holds the four words of one group of a key, for two keys.
+    PACK: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0])
+    ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+
+    ctx = gl.load(ctx_ptr + b)
+    seen = gl.minimum(ctx, max_cols)
+    tile0 = split * chunk_tiles
+    col_lo = tile0 * BLOCK
+    col_hi = gl.minimum(col_lo + chunk_tiles * BLOCK, seen)
+    n_tiles = gl.cdiv(col_hi - col_lo, BLOCK)
+    table_row = table_ptr + b.to(gl.int64) * table_sb
+
+    v_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK, 16], v_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 1, BLOCK], s_desc.layout)
+    a_smem = gl.allocate_shared_memory(gl.int32, [BLOCK, DIM // 4], DECODED_LAYOUT)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    for p in gl.static_range(STAGES - 1):
+        _issue_fp4_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0, p,
+                        n_tiles, STAGES)
+
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HEADS, DIM], E4M3_LAYOUT)
+    h = gl.arange(0, HEADS, layout=gl.SliceLayout(1, LOAD))
+    d = gl.arange(0, DIM, layout=gl.SliceLayout(0, LOAD))
+    q = gl.load(q_ptr + b.to(gl.int64) * (HEADS * DIM) + gl.expand_dims(h, 1) * DIM
+                + gl.expand_dims(d, 0))
+    q_smem.store(q.to(gl.float8e4nv, bitcast=True))
+    # The decoded keys carry 2**6 more than E2M1 times their scale relative to ref: the
+    # weights take the 2**-6 back (exact), the key factor 2**(ref - 127) and relu's 1/2.
+    w = gl.load(w_ptr + b * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(0, MMA)))
+    w = w * (1.0 / 64)
+    fence_async_shared()
+    cta_barrier()
+
+    ref = 127
+    if n_tiles > 0:
+        mbarrier.wait(bars.index(0), phase=0)
+        ref = _fold_ref(s_smem, table_row, num_blocks, tile0, col_lo, col_hi, ROWS)
+    key_factor = (ref << 23).to(gl.float32, bitcast=True) * 0.5
+
+    zero = gl.zeros([BLOCK, HEADS], gl.float32, layout=MMA)
+    prev = zero  # carried as x + |x| (see the FP8 kernel)
+    for j in range(n_tiles):
+        stage = j % STAGES
+        mbarrier.wait(bars.index(stage), phase=(j // STAGES) & 1)
+        a_smem.store(_decode_tile(v_smem, s_smem, stage, ref, PACK))
+        fence_async_shared()
+        cta_barrier()
+        cur = warpgroup_mma(_as_e4m3(a_smem), q_smem.permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        if col_hi > col_lo:  # always: a branch ptxas keeps the head sums behind
+            _finish_fp4(prev, table_row, num_blocks, out_ptr + b.to(gl.int64) * out_sr, tile0,
+                        j - 1, col_lo, col_hi, ctx, w, key_factor, MMA)
+        prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
+        prev = prev + gl.abs(prev)
+        fence_async_shared()
+        cta_barrier()
+        _issue_fp4_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0,
+                        j + STAGES - 1, n_tiles, STAGES)
+    if n_tiles > 0:
+        _finish_fp4(prev, table_row, num_blocks, out_ptr + b.to(gl.int64) * out_sr, tile0,
+                    n_tiles - 1, col_lo, col_hi, ctx, w, key_factor, MMA)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+
 # ------------------------------------------------------------------------------ host
 def descriptors(cache):
     """TMA descriptors of the cache's value rows and scale rows (unpadded 64-key pages)."""
@@ -244,31 +422,64 @@ def descriptors(cache):
     return k_desc, s_desc
 
 
+def fp4_descriptors(cache):
+    """TMA descriptors of an MXFP4 cache's packed values (as int32 words, 16 a key) and of
+    its keys' scale words (unpadded 64-key pages)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if (cache.dim() != 3 or tuple(cache.shape[1:]) != (KEYS_A_PAGE, 68)
+            or not cache.is_contiguous()):
+        raise ValueError(f"k_cache: expected a contiguous [num_blocks, 64, 68] MXFP4 cache, "
+                         f"got {tuple(cache.shape)}")
+    blocks = cache.shape[0]
+    words = cache.view(torch.int32)  # [blocks, 64, 17]
+    page_words = KEYS_A_PAGE * 17
+    values = words.view(blocks * 68, 16)  # a page: 64 rows of values, then 4 of scales
+    scales = words.view(blocks, page_words)[:, KEYS_A_PAGE * 16:]
+    v_desc = TensorDescriptor(values, [blocks * 68, 16], [16, 1], [KEYS_A_PAGE, 16],
+                              packed_layout())
+    s_desc = TensorDescriptor(scales, [blocks, KEYS_A_PAGE], [page_words, 1], [1, KEYS_A_PAGE],
+                              scale_layout())
+    return v_desc, s_desc
+
+
 def launcher(call, chunk_tiles, stages=4, w_smem=False):
     values, scales = call["q"]
-    if scales is not None:
+    if scales is not None or values.dtype != torch_e4m3():
         raise ValueError("q: expected e4m3 values without scales")
     batch, next_n = values.shape[:2]
     cache, table, out = call["k_cache"], call["block_table"], call["out"]
     if table.shape[1] * KEYS_A_PAGE < call["max_model_len"]:
         raise ValueError("block_table: expected a block for every position below max_model_len")
-    k_desc, s_desc = descriptors(cache)
+    fp4 = cache.shape[-1] == 68
+    if fp4 and next_n != 1:
+        raise ValueError(f"q: expected next_n 1 with MXFP4 keys, got {next_n}")
+    k_desc, s_desc = fp4_descriptors(cache) if fp4 else descriptors(cache)
     context = call["max_model_len"]
     splits = -(-context // (chunk_tiles * KEYS_A_PAGE))
     grid = (batch, splits)
-    q_bytes = values.view(values.shape).contiguous()
+    q_bytes = values.contiguous()
     weights = call["weights"]
+    args = (q_bytes, weights, k_desc, s_desc, table, table.stride(0), call["context_lens"], out,
+            out.stride(0), cache.shape[0], context, chunk_tiles)
 
     def run():
-        fp8_async_dot_kernel[grid](
-            q_bytes, weights, k_desc, s_desc, table, table.stride(0), call["context_lens"], out,
-            out.stride(0), cache.shape[0], context, chunk_tiles, NEXT_N=next_n, STAGES=stages,
-            W_SMEM=w_smem, num_warps=4)
+        if fp4:
+            mxfp4_async_dot_kernel[grid](*args, STAGES=stages, num_warps=4)
+        else:
+            fp8_async_dot_kernel[grid](*args, NEXT_N=next_n, STAGES=stages, W_SMEM=w_smem,
+                                       num_warps=4)
 
     return run
 
 
-def compile_only(next_n, stages, w_smem=False):
+def torch_e4m3():
+    import torch
+    return torch.float8_e4m3fn
+
+
+def compile_only(next_n, stages, w_smem=False, fmt="fp8"):
     """Build for sm_90 without a GPU; registers, spills, shared memory, SASS size."""
     import re
     import subprocess
@@ -277,16 +488,23 @@ def compile_only(next_n, stages, w_smem=False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = fp8_async_dot_kernel
+    common = dict(q_ptr="*fp8e4nv", w_ptr="*fp32", table_ptr="*i32", table_sb="i32",
+                  ctx_ptr="*i32", out_ptr="*fp32", out_sr="i32", num_blocks="i32",
+                  max_cols="i32", chunk_tiles="i32", STAGES="constexpr")
+    if fmt == "fp8":
+        fn = fp8_async_dot_kernel
+        sig = dict(common, NEXT_N="constexpr", W_SMEM="constexpr",
+                   k_desc=f"tensordesc<fp8e4nv[{KEYS_A_PAGE}, {HEAD_DIM}],{key_layout()!r}>",
+                   s_desc=f"tensordesc<fp32[1, {KEYS_A_PAGE}],{scale_layout()!r}>")
+        values = dict(NEXT_N=next_n, STAGES=stages, W_SMEM=w_smem)
+    else:
+        fn = mxfp4_async_dot_kernel
+        sig = dict(common, v_desc=f"tensordesc<i32[{KEYS_A_PAGE}, 16],{packed_layout()!r}>",
+                   s_desc=f"tensordesc<i32[1, {KEYS_A_PAGE}],{scale_layout()!r}>")
+        values = dict(STAGES=stages)
     names = fn.arg_names
-    sig = dict(q_ptr="*fp8e4nv", w_ptr="*fp32",
-               k_desc=f"tensordesc<fp8e4nv[{KEYS_A_PAGE}, {HEAD_DIM}],{key_layout()!r}>",
-               s_desc=f"tensordesc<fp32[1, {KEYS_A_PAGE}],{scale_layout()!r}>",
-               table_ptr="*i32", table_sb="i32", ctx_ptr="*i32", out_ptr="*fp32", out_sr="i32",
-               num_blocks="i32", max_cols="i32", chunk_tiles="i32", NEXT_N="constexpr",
-               STAGES="constexpr", W_SMEM="constexpr")
-    constexprs = {(names.index("NEXT_N"),): next_n, (names.index("STAGES"),): stages,
-                  (names.index("W_SMEM"),): w_smem}
+    sig = {n: sig[n] for n in names}
+    constexprs = {(names.index(n),): v for n, v in values.items()}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
@@ -299,7 +517,7 @@ def compile_only(next_n, stages, w_smem=False):
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     dots = len(re.findall(r"QGMMA", sass))
-    return dict(triton=triton.__version__, next_n=next_n, stages=stages, w_smem=w_smem,
+    return dict(triton=triton.__version__, format=fmt, next_n=next_n, stages=stages, w_smem=w_smem,
                 registers=int(regs.group(1)), stack=int(regs.group(2)),
                 shared=kernel.metadata.shared,
                 sass=len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, re.M)),
@@ -323,8 +541,8 @@ def check(calls, bench_logits, reference_logits, torch, settings):
     call.update(context_lens=lens, block_table=table, out=torch.empty_like(call["out"]))
     args = (call["q"], call["k_cache"], call["weights"], lens, table, context)
     want = bench_logits.paged_mqa_logits(*args, backend="reference")
-    keys, _ = reference_logits.sequence_keys(call["k_cache"], table, context, False, False,
-                                             0, 0)
+    fp4 = call["k_cache"].shape[-1] == 68
+    keys, _ = reference_logits.sequence_keys(call["k_cache"], table, context, fp4, False, 0, 0)
     bound = bench_logits.contract_bound(call["q"], keys, call["weights"])
     finite = torch.isfinite(want)
     verdicts = {}
@@ -362,6 +580,10 @@ def main():
                     info = compile_only(next_n, stages, w_smem)
                     info.pop("sass_text")
                     print(json.dumps(info))
+        for stages in (3, 4, 6, 8):
+            info = compile_only(1, stages, fmt="mxfp4")
+            info.pop("sass_text")
+            print(json.dumps(info))
         return
 
     import torch
@@ -373,24 +595,25 @@ def main():
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     lines = ["checks against the torch reference (4 x 4096, ragged, two bad block ids):"]
-    for next_n in (1, 2, 4):
-        calls, _ = bench_logits.make_calls("fp8", "e4m3", 4, 4096, next_n, device)
+    for fmt, next_n in (("fp8", 1), ("fp8", 2), ("fp8", 4), ("mxfp4", 1)):
+        calls, _ = bench_logits.make_calls(fmt, "e4m3", 4, 4096, next_n, device)
         settings = [(chunk, stages, w_smem) for chunk in (4, 16, 64) for stages in (3, 4)
-                    for w_smem in (False, True)]
+                    for w_smem in ((False, True) if fmt == "fp8" else (False, ))]
         verdicts = check(calls, bench_logits, reference_logits, torch, settings)
         bad = {k: v for k, v in verdicts.items() if v != "ok"}
-        lines.append(f"  next_n {next_n}: {len(verdicts) - len(bad)} of {len(verdicts)} ok"
-                     + ("; " + "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:3])
-                        if bad else ""))
+        lines.append(f"  {fmt} next_n {next_n}: {len(verdicts) - len(bad)} of {len(verdicts)}"
+                     " ok" + ("; " + "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:3])
+                              if bad else ""))
         del calls
     print("\n".join(lines), flush=True)
 
     copy = copy_bandwidth_GBps()
-    shapes = [(64, 8192, 1), (64, 8192, 4), (64, 32768, 1), (64, 32768, 2), (64, 32768, 4),
-              (128, 65536, 1), (8, 32768, 4)]
+    shapes = [("fp8", 64, 8192, 4), ("fp8", 64, 32768, 4), ("fp8", 64, 32768, 1),
+              ("fp8", 64, 32768, 2), ("fp8", 8, 32768, 4), ("mxfp4", 64, 8192, 1),
+              ("mxfp4", 64, 32768, 1), ("mxfp4", 128, 65536, 1), ("fp8", 128, 65536, 1)]
     records = []
-    for batch, context, next_n in shapes:
-        calls, nbytes = bench_logits.make_calls("fp8", "e4m3", batch, context, next_n, device)
+    for fmt, batch, context, next_n in shapes:
+        calls, nbytes = bench_logits.make_calls(fmt, "e4m3", batch, context, next_n, device)
         ours = [bench_logits.scorer_call(c) for c in calls]
         ours[0]()
         want = calls[0]["out"].clone()
@@ -398,7 +621,8 @@ def main():
         # Two, three (one wave at three programs an SM) and six programs an SM.
         chunks = sorted({max(1, tiles * batch // (sms * k)) for k in (2, 3, 6)})
         # Four rows: 3 or 4 stages (three programs an SM by shared memory either way).
-        settings = [(c, st, ws) for c in chunks for st in ((3, 4) if next_n > 2 else (4, 6))
+        settings = [(c, st, ws) for c in chunks
+                    for st in ((3, 4) if next_n > 2 else (4, 6) if fmt == "fp8" else (3, 6))
                     for ws in ((False, True) if next_n > 1 else (False, ))]
         results = {}
         for chunk, stages, w_smem in settings:
@@ -434,15 +658,15 @@ def main():
         timed = {k: min(v) for k, v in results.items() if isinstance(v, list) and v}
         best = sorted(timed.items(), key=lambda kv: kv[1])[:4]
         pct = lambda us, n=nbytes: n / (us * 1e-6) / 1e9 / copy * 100  # noqa: E731
-        lines.append(f"{batch} x {context} next_n {next_n}: ours {timed['ours']:.1f} us "
+        lines.append(f"{fmt} {batch} x {context} next_n {next_n}: ours {timed['ours']:.1f} us "
                      f"({pct(timed['ours']):.0f} %); best: "
                      + ", ".join(f"{k} {v:.1f} ({pct(v):.0f} %)" for k, v in best))
         errors = {k: v for k, v in results.items() if isinstance(v, str)}
         if errors:
             lines.append("   not timed: " + "; ".join(f"{k}: {v}" for k, v in
                                                       list(errors.items())[:3]))
-        records.append(dict(batch=batch, context=context, next_n=next_n, bytes=nbytes,
-                            results=results))
+        records.append(dict(format=fmt, batch=batch, context=context, next_n=next_n,
+                            bytes=nbytes, results=results))
         print(lines[-1], flush=True)
         del calls
     out = os.environ.get("OUT", ".")
