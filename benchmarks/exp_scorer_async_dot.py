@@ -61,6 +61,18 @@ def scale_layout():
 
 
 @gluon.jit
+def _program_range(ctx_ptr, table_ptr, table_sb, b, split, max_cols, chunk_tiles):
+    """A program's sequence length, first tile, positions ``[col_lo, col_hi)``, tile count
+    (at most 0 when the range is empty) and block-table row."""
+    ctx = gl.load(ctx_ptr + b)
+    tile0 = split * chunk_tiles
+    col_lo = tile0 * BLOCK
+    col_hi = gl.minimum(col_lo + chunk_tiles * BLOCK, gl.minimum(ctx, max_cols))
+    n_tiles = gl.cdiv(col_hi - col_lo, BLOCK)
+    return ctx, tile0, col_lo, col_hi, n_tiles, table_ptr + b.to(gl.int64) * table_sb
+
+
+@gluon.jit
 def _pick(i: gl.constexpr, w0, w1, w2, w3):
     if i == 0:
         return w0
@@ -85,18 +97,36 @@ def _weights(i: gl.constexpr, w0, w1, w2, w3, w_smem, W_SMEM: gl.constexpr,
 
 @gluon.jit
 def _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
-                n_tiles, STAGES: gl.constexpr):
+                n_tiles, STAGES: gl.constexpr, ROWS_A_PAGE: gl.constexpr):
     """TMA of tile ``p``'s values and scales into stage ``p % STAGES`` (nothing past the
-    range). A block id outside ``[0, num_blocks)`` reads block 0 instead (its logits are
-    then written as ``-inf``)."""
+    range); a page is ``ROWS_A_PAGE`` rows of the values' descriptor. A block id outside
+    ``[0, num_blocks)`` reads block 0 instead (its logits are then written as ``-inf``)."""
     live = p < n_tiles
     blk = gl.load(table_row + tile0 + p, mask=live, other=0)
     blk = gl.where((blk >= 0) & (blk < num_blocks), blk, 0)
     stage = p % STAGES
     bar = bars.index(stage)
     mbarrier.expect(bar, k_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=live)
-    tma_load(k_desc, [blk * PAGE_ROWS, 0], bar, k_smem.index(stage), pred=live)
+    tma_load(k_desc, [blk * ROWS_A_PAGE, 0], bar, k_smem.index(stage), pred=live)
     tma_load(s_desc, [blk, 0], bar, s_smem.index(stage), pred=live)
+
+
+@gluon.jit
+def _page_ring(k_desc, s_desc, table_row, num_blocks, tile0, n_tiles, STAGES: gl.constexpr,
+               ROWS_A_PAGE: gl.constexpr):
+    """The ring of ``STAGES`` staged pages (values, scales, their mbarriers), with the
+    first ``STAGES - 1`` tiles already asked for."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES] + s_desc.block_type.shape,
+                                       s_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    for p in gl.static_range(STAGES - 1):
+        _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
+                    n_tiles, STAGES, ROWS_A_PAGE)
+    return k_smem, s_smem, bars
 
 
 @gluon.jit
@@ -133,22 +163,11 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
     LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     heads: gl.constexpr = gl.SliceLayout(0, MMA)
 
-    ctx = gl.load(ctx_ptr + b)
-    seen = gl.minimum(ctx, max_cols)
-    tile0 = split * chunk_tiles
-    col_lo = tile0 * BLOCK
-    col_hi = gl.minimum(col_lo + chunk_tiles * BLOCK, seen)
-    n_tiles = gl.cdiv(col_hi - col_lo, BLOCK)
-    table_row = table_ptr + b.to(gl.int64) * table_sb
+    ctx, tile0, col_lo, col_hi, n_tiles, table_row = _program_range(
+        ctx_ptr, table_ptr, table_sb, b, split, max_cols, chunk_tiles)
 
-    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK, DIM], k_desc.layout)
-    s_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK], s_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
-    for p in gl.static_range(STAGES - 1):
-        _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
-                    n_tiles, STAGES)
+    k_smem, s_smem, bars = _page_ring(k_desc, s_desc, table_row, num_blocks, tile0, n_tiles,
+                                      STAGES, PAGE_ROWS)
 
     # The queries of the program's rows, [head, dim] each (the dot's second operand,
     # read with dims contiguous), and their weights.
@@ -212,7 +231,7 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
         fence_async_shared()
         cta_barrier()
         _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0,
-                    j + STAGES - 1, n_tiles, STAGES)
+                    j + STAGES - 1, n_tiles, STAGES, PAGE_ROWS)
     last: gl.constexpr = NEXT_N - 1
     if n_tiles > 0:
         _finish(prev, s_smem, table_row, num_blocks,
@@ -234,7 +253,7 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
 FOLD_TOP = gl.constexpr(_lib_logits.FP4_FOLD_SPAN)
 FOLD_HEADROOM = gl.constexpr(_lib_logits.FP4_FOLD_HEADROOM.value)
 FP4_WORD_PTX = gl.constexpr(_lib_logits._FP4_WORD_PTX.value)
-FP4_PAGE_WORDS = gl.constexpr(1088)  # 64 x 64 value bytes and 64 scale words, as int32
+FP4_PAGE_ROWS = gl.constexpr(68)  # a page as rows of 16 words: 64 keys' values, 4 of scales
 NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
@@ -258,20 +277,6 @@ def _as_e4m3(words_smem):
         return words_smem.reinterpret(gl.float8e4nv, [BLOCK, DIM], E4M3_LAYOUT)
     else:
         return words_smem._reinterpret(gl.float8e4nv, [BLOCK, DIM], E4M3_LAYOUT)
-
-
-@gluon.jit
-def _issue_fp4_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0, p,
-                    n_tiles, STAGES: gl.constexpr):
-    """TMA of tile ``p``'s packed values and scale words into stage ``p % STAGES``."""
-    live = p < n_tiles
-    blk = gl.load(table_row + tile0 + p, mask=live, other=0)
-    blk = gl.where((blk >= 0) & (blk < num_blocks), blk, 0)
-    stage = p % STAGES
-    bar = bars.index(stage)
-    mbarrier.expect(bar, v_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=live)
-    tma_load(v_desc, [blk * 68, 0], bar, v_smem.index(stage), pred=live)
-    tma_load(s_desc, [blk, 0], bar, s_smem.index(stage), pred=live)
 
 
 @gluon.jit
@@ -336,23 +341,12 @@ def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ct
     PACK: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0])
     ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 
-    ctx = gl.load(ctx_ptr + b)
-    seen = gl.minimum(ctx, max_cols)
-    tile0 = split * chunk_tiles
-    col_lo = tile0 * BLOCK
-    col_hi = gl.minimum(col_lo + chunk_tiles * BLOCK, seen)
-    n_tiles = gl.cdiv(col_hi - col_lo, BLOCK)
-    table_row = table_ptr + b.to(gl.int64) * table_sb
+    ctx, tile0, col_lo, col_hi, n_tiles, table_row = _program_range(
+        ctx_ptr, table_ptr, table_sb, b, split, max_cols, chunk_tiles)
 
-    v_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK, 16], v_desc.layout)
-    s_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 1, BLOCK], s_desc.layout)
+    v_smem, s_smem, bars = _page_ring(v_desc, s_desc, table_row, num_blocks, tile0, n_tiles,
+                                      STAGES, FP4_PAGE_ROWS)
     a_smem = gl.allocate_shared_memory(gl.int32, [BLOCK, DIM // 4], DECODED_LAYOUT)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
-    for p in gl.static_range(STAGES - 1):
-        _issue_fp4_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0, p,
-                        n_tiles, STAGES)
 
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HEADS, DIM], E4M3_LAYOUT)
     h = gl.arange(0, HEADS, layout=gl.SliceLayout(1, LOAD))
@@ -390,8 +384,8 @@ def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ct
         prev = prev + gl.abs(prev)
         fence_async_shared()
         cta_barrier()
-        _issue_fp4_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0,
-                        j + STAGES - 1, n_tiles, STAGES)
+        _issue_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0,
+                    j + STAGES - 1, n_tiles, STAGES, FP4_PAGE_ROWS)
     if n_tiles > 0:
         _finish_fp4(prev, table_row, num_blocks, out_ptr + b.to(gl.int64) * out_sr, tile0,
                     n_tiles - 1, col_lo, col_hi, ctx, w, key_factor, MMA)
