@@ -628,9 +628,12 @@ def main():
                 got = calls[0]["out"]
                 finite = torch.isfinite(want)
                 err = (got - want).abs()[finite]
-                # The same products in the same order as the library's dot; only the head
-                # sum's order differs.
-                tolerance = 1e-4 * (want[finite].abs() + want[finite].abs().mean())
+                # FP8: the same products in the same order as the library's dot, only the
+                # head sum's order differs. MXFP4: the library's dot takes the dims in
+                # another order, and the tensor cores' sums keep about 14 bits (the check
+                # against the reference, before, is the one with the contract's bound).
+                loose = 1e-4 if fmt == "fp8" else 2e-3
+                tolerance = loose * (want[finite].abs() + want[finite].abs().mean())
                 same_inf = torch.equal(torch.isneginf(got), torch.isneginf(want))
                 results[name] = [] if same_inf and bool((err <= tolerance).all()) else (
                     f"differs from the library (-inf {'same' if same_inf else 'differs'}, "
