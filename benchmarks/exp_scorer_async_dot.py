@@ -1,4 +1,4 @@
-"""Experiment: FP8 keys scored with the tensor cores' dot left running while the previous
+"""Experiment: the scorer with the tensor cores' dot left running while the previous
 dot's relu, weights and head sum are computed, written in Gluon (Triton's lower-level
 dialect), on Hopper only.
 
@@ -6,18 +6,20 @@ The library's kernel waits for each tile's dot before anything else happens in i
 Triton's Hopper pipeliner waits right after a dot whose result is used in the same
 iteration. With several query rows a program (``next_n`` 4) its registers allow two
 programs an SM, and the tensor cores idle while the four warps work through the head
-sums. Here a program keeps one dot of a (tile, row) pair in flight while it finishes the
-pair before: the dot of one row is ``[64 keys x 128] x [128 x 64 heads]``, issued
-asynchronously, the 64 x 64 result of the previous pair waited for with one dot still
-outstanding. Pages come in by TMA, several tiles ahead, each with its 64 fp32 scales.
+sums. Here a program issues the dot of a (tile, row) pair, ``[64 keys x 128] x [128 x 64
+heads]``, finishes the pair before while it runs, then waits for it. Pages come in by
+TMA, several tiles ahead, through a ring of mbarriers.
 
-Scope (what the experiment needs, nothing more): FP8 keys with fp32 scales, row-major
-unpadded pages of 64 keys, e4m3 queries without scales, 64 heads, float32 weights,
-``context_lens`` of one limit a sequence, ``clean_logits`` inside the scored range only.
-Its logits are checked against the library's before anything is timed.
+Two kernels, in the scope the targets are measured in (row-major unpadded pages of 64
+keys, e4m3 queries without scales, 64 heads, float32 weights, one context length a
+sequence, ``clean_logits`` inside the scored range only):
+- ``fp8_async_dot_kernel``: FP8 keys with fp32 scales, one to four rows a program.
+- ``mxfp4_async_dot_kernel``: MXFP4 keys, one row a program, decoded as the library does
+  (table lookup, one fold exponent a program) into shared memory, where the dot reads them.
+Both are checked against the torch reference before anything is timed.
 
     python benchmarks/exp_scorer_async_dot.py            # on an H200: check, then time
-    python benchmarks/exp_scorer_async_dot.py --compile  # anywhere: sm_90 build, registers
+    python benchmarks/exp_scorer_async_dot.py --compile  # anywhere: sm_90 builds, registers
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from indexer_kcache.kernels import logits as _lib_logits
+
 # TMA loads into shared memory: ``async_copy_global_to_shared`` up to 3.7, ``async_load``
 # from 3.8 (3.9 no longer builds the old name).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # A barrier of the program's threads: ``thread_barrier`` in 3.6, ``barrier`` from 3.7.
 cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-from indexer_kcache.kernels import logits as _lib_logits  # noqa: E402
 
 HEADS = gl.constexpr(64)
 DIM = gl.constexpr(128)
@@ -97,9 +99,9 @@ def _weights(i: gl.constexpr, w0, w1, w2, w3, w_smem, W_SMEM: gl.constexpr,
 
 @gluon.jit
 def _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
-                n_tiles, STAGES: gl.constexpr, ROWS_A_PAGE: gl.constexpr):
+                n_tiles, STAGES: gl.constexpr, PAGE_STRIDE: gl.constexpr):
     """TMA of tile ``p``'s values and scales into stage ``p % STAGES`` (nothing past the
-    range); a page is ``ROWS_A_PAGE`` rows of the values' descriptor. A block id outside
+    range); a page is ``PAGE_STRIDE`` rows of the values' descriptor. A block id outside
     ``[0, num_blocks)`` reads block 0 instead (its logits are then written as ``-inf``)."""
     live = p < n_tiles
     blk = gl.load(table_row + tile0 + p, mask=live, other=0)
@@ -107,13 +109,13 @@ def _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, til
     stage = p % STAGES
     bar = bars.index(stage)
     mbarrier.expect(bar, k_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=live)
-    tma_load(k_desc, [blk * ROWS_A_PAGE, 0], bar, k_smem.index(stage), pred=live)
+    tma_load(k_desc, [blk * PAGE_STRIDE, 0], bar, k_smem.index(stage), pred=live)
     tma_load(s_desc, [blk, 0], bar, s_smem.index(stage), pred=live)
 
 
 @gluon.jit
 def _page_ring(k_desc, s_desc, table_row, num_blocks, tile0, n_tiles, STAGES: gl.constexpr,
-               ROWS_A_PAGE: gl.constexpr):
+               PAGE_STRIDE: gl.constexpr):
     """The ring of ``STAGES`` staged pages (values, scales, their mbarriers), with the
     first ``STAGES - 1`` tiles already asked for."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
@@ -125,12 +127,12 @@ def _page_ring(k_desc, s_desc, table_row, num_blocks, tile0, n_tiles, STAGES: gl
         mbarrier.init(bars.index(s), count=1)
     for p in gl.static_range(STAGES - 1):
         _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0, p,
-                    n_tiles, STAGES, ROWS_A_PAGE)
+                    n_tiles, STAGES, PAGE_STRIDE)
     return k_smem, s_smem, bars
 
 
 @gluon.jit
-def _finish(acc, s_smem, table_row, num_blocks, out_row, out_sr, tile0, jp, col_lo, col_hi,
+def _finish(acc, s_smem, table_row, num_blocks, out_row, tile0, jp, col_lo, col_hi,
             limit, w, STAGES: gl.constexpr, MMA: gl.constexpr, DOUBLED: gl.constexpr):
     """Relu, weights, head sum and scale of pair (tile ``jp``, one row); stored below the
     range's end, ``-inf`` at and past the row's limit or for a block id out of range.
@@ -204,7 +206,6 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
     # make ptxas wait after every dot). The tile's last pair is carried into the next
     # iteration as ``x + |x|``: registers a dot defined, reaching the loop's head, make
     # ptxas wait for the running dot before reading them, or copy them one by one.
-    CARRY_DOUBLED: gl.constexpr = True
     prev = zero
     for j in range(n_tiles):
         stage = j % STAGES
@@ -221,10 +222,10 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
             if col_hi > col_lo:
                 w = _weights(r, w0, w1, w2, w3, w_smem, W_SMEM, MMA)
                 _finish(prev, s_smem, table_row, num_blocks,
-                        out_ptr + (row0 + r).to(gl.int64) * out_sr, out_sr, tile0, jp, col_lo,
-                        col_hi, ctx - NEXT_N + r + 1, w, STAGES, MMA, CARRY_DOUBLED and i == 0)
+                        out_ptr + (row0 + r).to(gl.int64) * out_sr, tile0, jp, col_lo,
+                        col_hi, ctx - NEXT_N + r + 1, w, STAGES, MMA, i == 0)
             prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
-            if CARRY_DOUBLED and i == NEXT_N - 1:
+            if i == NEXT_N - 1:
                 prev = prev + gl.abs(prev)
         # Every dot of tile j - 1 is done, and every warp has read its scales once all
         # have passed the barrier: its stage takes tile j + STAGES - 1.
@@ -235,9 +236,9 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
     last: gl.constexpr = NEXT_N - 1
     if n_tiles > 0:
         _finish(prev, s_smem, table_row, num_blocks,
-                out_ptr + (row0 + last).to(gl.int64) * out_sr, out_sr, tile0, n_tiles - 1,
+                out_ptr + (row0 + last).to(gl.int64) * out_sr, tile0, n_tiles - 1,
                 col_lo, col_hi, ctx - NEXT_N + last + 1,
-                _weights(last, w0, w1, w2, w3, w_smem, W_SMEM, MMA), STAGES, MMA, CARRY_DOUBLED)
+                _weights(last, w0, w1, w2, w3, w_smem, W_SMEM, MMA), STAGES, MMA, True)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
 
