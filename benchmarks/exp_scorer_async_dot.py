@@ -330,11 +330,12 @@ def _finish_fp4(acc, table_row, num_blocks, out_row, tile0, jp, col_lo, col_hi, 
 
 
 @gluon.jit
-def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ctx_ptr, out_ptr,
-                           out_sr, num_blocks, max_cols, chunk_tiles, STAGES: gl.constexpr):
-    gl.static_assert(STAGES >= 2)
-    b = gl.program_id(0)
-    split = gl.program_id(1)
+def _fp4_consume(q_ptr, w_ptr, v_desc, s_desc, v_smem, s_smem, ready, empty, table_row,
+                 num_blocks, tile0, col_lo, col_hi, n_tiles, ctx, out_row, b,
+                 STAGES: gl.constexpr, PRODUCER_WARP: gl.constexpr):
+    """The scoring warps of an MXFP4 program: decode, dot, head sums. Without
+    ``PRODUCER_WARP`` they also ask for each next page themselves; with it, they tell a
+    warp of its own (``_fp4_produce``) when a stage is free (``empty``)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HEADS, 32])
     LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
@@ -342,13 +343,7 @@ def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ct
     PACK: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0])
     ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 
-    ctx, tile0, col_lo, col_hi, n_tiles, table_row = _program_range(
-        ctx_ptr, table_ptr, table_sb, b, split, max_cols, chunk_tiles)
-
-    v_smem, s_smem, bars = _page_ring(v_desc, s_desc, table_row, num_blocks, tile0, n_tiles,
-                                      STAGES, FP4_PAGE_ROWS)
     a_smem = gl.allocate_shared_memory(gl.int32, [BLOCK, DIM // 4], DECODED_LAYOUT)
-
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HEADS, DIM], E4M3_LAYOUT)
     h = gl.arange(0, HEADS, layout=gl.SliceLayout(1, LOAD))
     d = gl.arange(0, DIM, layout=gl.SliceLayout(0, LOAD))
@@ -364,7 +359,7 @@ def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ct
 
     ref = 127
     if n_tiles > 0:
-        mbarrier.wait(bars.index(0), phase=0)
+        mbarrier.wait(ready.index(0), phase=0)
         ref = _fold_ref(s_smem, table_row, num_blocks, tile0, col_lo, col_hi, ROWS)
     key_factor = (ref << 23).to(gl.float32, bitcast=True) * 0.5
 
@@ -372,26 +367,71 @@ def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ct
     prev = zero  # carried as x + |x| (see the FP8 kernel)
     for j in range(n_tiles):
         stage = j % STAGES
-        mbarrier.wait(bars.index(stage), phase=(j // STAGES) & 1)
+        mbarrier.wait(ready.index(stage), phase=(j // STAGES) & 1)
         a_smem.store(_decode_tile(v_smem, s_smem, stage, ref, PACK))
         fence_async_shared()
         cta_barrier()
+        if PRODUCER_WARP:
+            mbarrier.arrive(empty.index(stage), count=1)  # the page is decoded
         cur = warpgroup_mma(_as_e4m3(a_smem), q_smem.permute((1, 0)), zero, use_acc=False,
                             is_async=True)
         if col_hi > col_lo:  # always: a branch ptxas keeps the head sums behind
-            _finish_fp4(prev, table_row, num_blocks, out_ptr + b.to(gl.int64) * out_sr, tile0,
-                        j - 1, col_lo, col_hi, ctx, w, key_factor, MMA)
+            _finish_fp4(prev, table_row, num_blocks, out_row, tile0, j - 1, col_lo, col_hi, ctx,
+                        w, key_factor, MMA)
         prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
         prev = prev + gl.abs(prev)
-        fence_async_shared()
-        cta_barrier()
-        _issue_tile(v_desc, s_desc, v_smem, s_smem, bars, table_row, num_blocks, tile0,
-                    j + STAGES - 1, n_tiles, STAGES, FP4_PAGE_ROWS)
+        if not PRODUCER_WARP:
+            fence_async_shared()
+            cta_barrier()
+            _issue_tile(v_desc, s_desc, v_smem, s_smem, ready, table_row, num_blocks, tile0,
+                        j + STAGES - 1, n_tiles, STAGES, FP4_PAGE_ROWS)
     if n_tiles > 0:
-        _finish_fp4(prev, table_row, num_blocks, out_ptr + b.to(gl.int64) * out_sr, tile0,
-                    n_tiles - 1, col_lo, col_hi, ctx, w, key_factor, MMA)
+        _finish_fp4(prev, table_row, num_blocks, out_row, tile0, n_tiles - 1, col_lo, col_hi,
+                    ctx, w, key_factor, MMA)
+
+
+@gluon.jit
+def _fp4_produce(v_desc, s_desc, v_smem, s_smem, ready, empty, table_row, num_blocks, tile0,
+                 n_tiles, STAGES: gl.constexpr):
+    """A warp that only asks for pages: tile ``p`` once the scoring warps have decoded the
+    tile that held its stage before (``empty``)."""
+    for p in range(STAGES - 1, n_tiles):
+        stage = p % STAGES
+        mbarrier.wait(empty.index(stage), phase=((p // STAGES) & 1) ^ 1, pred=p >= STAGES)
+        _issue_tile(v_desc, s_desc, v_smem, s_smem, ready, table_row, num_blocks, tile0, p,
+                    n_tiles, STAGES, FP4_PAGE_ROWS)
+
+
+@gluon.jit
+def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ctx_ptr, out_ptr,
+                           out_sr, num_blocks, max_cols, chunk_tiles, STAGES: gl.constexpr,
+                           PRODUCER_WARP: gl.constexpr):
+    gl.static_assert(STAGES >= 2)
+    b = gl.program_id(0)
+    split = gl.program_id(1)
+    ctx, tile0, col_lo, col_hi, n_tiles, table_row = _program_range(
+        ctx_ptr, table_ptr, table_sb, b, split, max_cols, chunk_tiles)
+    v_smem, s_smem, ready = _page_ring(v_desc, s_desc, table_row, num_blocks, tile0, n_tiles,
+                                       STAGES, FP4_PAGE_ROWS)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(s))
+        mbarrier.init(empty.index(s), count=1)
+    out_row = out_ptr + b.to(gl.int64) * out_sr
+    if PRODUCER_WARP:
+        gl.warp_specialize([
+            (_fp4_consume, (q_ptr, w_ptr, v_desc, s_desc, v_smem, s_smem, ready, empty,
+                            table_row, num_blocks, tile0, col_lo, col_hi, n_tiles, ctx, out_row,
+                            b, STAGES, PRODUCER_WARP)),
+            (_fp4_produce, (v_desc, s_desc, v_smem, s_smem, ready, empty, table_row, num_blocks,
+                            tile0, n_tiles, STAGES)),
+        ], [1], [48])
+    else:
+        _fp4_consume(q_ptr, w_ptr, v_desc, s_desc, v_smem, s_smem, ready, empty, table_row,
+                     num_blocks, tile0, col_lo, col_hi, n_tiles, ctx, out_row, b, STAGES,
+                     PRODUCER_WARP)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
 
 
 # ------------------------------------------------------------------------------ host
@@ -439,7 +479,9 @@ def fp4_descriptors(cache):
     return v_desc, s_desc
 
 
-def launcher(call, chunk_tiles, stages=4, w_smem=False):
+def launcher(call, chunk_tiles, stages=4, flag=False):
+    """A launch of one setting; ``flag``: FP8, the weights in shared memory; MXFP4, a warp of
+    its own asks for the pages."""
     values, scales = call["q"]
     if scales is not None or values.dtype != torch_e4m3():
         raise ValueError("q: expected e4m3 values without scales")
@@ -461,12 +503,20 @@ def launcher(call, chunk_tiles, stages=4, w_smem=False):
 
     def run():
         if fp4:
-            mxfp4_async_dot_kernel[grid](*args, STAGES=stages, num_warps=4)
+            mxfp4_async_dot_kernel[grid](*args, STAGES=stages, PRODUCER_WARP=flag, num_warps=4,
+                                         **producer_options(flag))
         else:
-            fp8_async_dot_kernel[grid](*args, NEXT_N=next_n, STAGES=stages, W_SMEM=w_smem,
+            fp8_async_dot_kernel[grid](*args, NEXT_N=next_n, STAGES=stages, W_SMEM=flag,
                                        num_warps=4)
 
     return run
+
+
+def producer_options(producer):
+    """Launch options of the MXFP4 kernel: with a producer warp the program is eight warps
+    (the worker's warp group is filled out to four), so a cap of 80 registers, without
+    spills, keeps three programs an SM (uncapped, ptxas takes 255: one)."""
+    return dict(maxnreg=80) if producer else {}
 
 
 def torch_e4m3():
@@ -474,7 +524,7 @@ def torch_e4m3():
     return torch.float8_e4m3fn
 
 
-def compile_only(next_n, stages, w_smem=False, fmt="fp8"):
+def compile_only(next_n, stages, flag=False, fmt="fp8"):
     """Build for sm_90 without a GPU; registers, spills, shared memory, SASS size."""
     import re
     import subprocess
@@ -491,17 +541,18 @@ def compile_only(next_n, stages, w_smem=False, fmt="fp8"):
         sig = dict(common, NEXT_N="constexpr", W_SMEM="constexpr",
                    k_desc=f"tensordesc<fp8e4nv[{KEYS_A_PAGE}, {HEAD_DIM}],{key_layout()!r}>",
                    s_desc=f"tensordesc<fp32[1, {KEYS_A_PAGE}],{scale_layout()!r}>")
-        values = dict(NEXT_N=next_n, STAGES=stages, W_SMEM=w_smem)
+        values = dict(NEXT_N=next_n, STAGES=stages, W_SMEM=flag)
     else:
         fn = mxfp4_async_dot_kernel
         sig = dict(common, v_desc=f"tensordesc<i32[{KEYS_A_PAGE}, 16],{packed_layout()!r}>",
                    s_desc=f"tensordesc<i32[1, {KEYS_A_PAGE}],{scale_layout()!r}>")
-        values = dict(STAGES=stages)
+        values = dict(STAGES=stages, PRODUCER_WARP=flag)
     names = fn.arg_names
-    sig = {n: sig[n] for n in names}
+    sig = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    options = dict(num_warps=4, **(producer_options(flag) if fmt == "mxfp4" else {}))
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                         "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -512,7 +563,7 @@ def compile_only(next_n, stages, w_smem=False, fmt="fp8"):
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     dots = len(re.findall(r"QGMMA", sass))
-    return dict(triton=triton.__version__, format=fmt, next_n=next_n, stages=stages, w_smem=w_smem,
+    return dict(triton=triton.__version__, format=fmt, next_n=next_n, stages=stages, flag=flag,
                 registers=int(regs.group(1)), stack=int(regs.group(2)),
                 shared=kernel.metadata.shared,
                 sass=len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, re.M)),
@@ -541,11 +592,12 @@ def check(calls, bench_logits, reference_logits, torch, settings):
     bound = bench_logits.contract_bound(call["q"], keys, call["weights"])
     finite = torch.isfinite(want)
     verdicts = {}
-    for chunk, stages, w_smem in settings:
-        name = setting_name(chunk, stages, w_smem)
+    fmt = "mxfp4" if call["k_cache"].shape[-1] == 68 else "fp8"
+    for chunk, stages, flag in settings:
+        name = setting_name(chunk, stages, flag, fmt)
         try:
             call["out"].fill_(float("-inf"))  # columns past a row's context stay -inf
-            launcher(call, chunk, stages, w_smem)()
+            launcher(call, chunk, stages, flag)()
             torch.cuda.synchronize()
             got = call["out"]
             err = (got - want).abs()
@@ -559,8 +611,9 @@ def check(calls, bench_logits, reference_logits, torch, settings):
     return verdicts
 
 
-def setting_name(chunk, stages, w_smem):
-    return f"chunk {chunk} s{stages}{' w-smem' if w_smem else ''}"
+def setting_name(chunk, stages, flag, fmt):
+    tag = (" w-smem" if fmt == "fp8" else " producer") if flag else ""
+    return f"chunk {chunk} s{stages}{tag}"
 
 
 def main():
@@ -578,9 +631,10 @@ def main():
                     info.pop("sass_text")
                     print(json.dumps(info))
         for stages in (3, 4, 6, 8):
-            info = compile_only(1, stages, fmt="mxfp4")
-            info.pop("sass_text")
-            print(json.dumps(info))
+            for producer in (False, True):
+                info = compile_only(1, stages, producer, fmt="mxfp4")
+                info.pop("sass_text")
+                print(json.dumps(info))
         return
 
     import torch
@@ -594,8 +648,8 @@ def main():
     lines = ["checks against the torch reference (4 x 4096, ragged, two bad block ids):"]
     for fmt, next_n in (("fp8", 1), ("fp8", 2), ("fp8", 4), ("mxfp4", 1)):
         calls, _ = bench_logits.make_calls(fmt, "e4m3", 4, 4096, next_n, device)
-        settings = [(chunk, stages, w_smem) for chunk in (4, 16, 64) for stages in (3, 4)
-                    for w_smem in ((False, True) if fmt == "fp8" else (False, ))]
+        settings = [(chunk, stages, flag) for chunk in (4, 16, 64) for stages in (3, 4)
+                    for flag in (False, True)]
         verdicts = check(calls, bench_logits, reference_logits, torch, settings)
         bad = {k: v for k, v in verdicts.items() if v != "ok"}
         lines.append(f"  {fmt} next_n {next_n}: {len(verdicts) - len(bad)} of {len(verdicts)}"
@@ -622,13 +676,13 @@ def main():
         # Four rows: 3 or 4 stages (three programs an SM by shared memory either way).
         settings = [(c, st, ws) for c in chunks
                     for st in ((3, 4) if next_n > 2 else (4, 6) if fmt == "fp8" else (3, 6))
-                    for ws in ((False, True) if next_n > 1 else (False, ))]
+                    for ws in ((False, True) if next_n > 1 or fmt == "mxfp4" else (False, ))]
         results = {}
-        for chunk, stages, w_smem in settings:
-            name = setting_name(chunk, stages, w_smem)
+        for chunk, stages, flag in settings:
+            name = setting_name(chunk, stages, flag, fmt)
             try:
                 calls[0]["out"].fill_(float("nan"))
-                launcher(calls[0], chunk, stages, w_smem)()
+                launcher(calls[0], chunk, stages, flag)()
                 torch.cuda.synchronize()
                 got = calls[0]["out"]
                 finite = torch.isfinite(want)
@@ -654,7 +708,7 @@ def main():
                     fns = ours
                 else:
                     chunk, rest = name.replace("chunk ", "").split(" s", 1)
-                    fns = [launcher(c, int(chunk), int(rest.split()[0]), "w-smem" in rest)
+                    fns = [launcher(c, int(chunk), int(rest.split()[0]), len(rest.split()) > 1)
                            for c in calls]
                 times.append(graph_time_us(fns, 40))
         timed = {k: min(v) for k, v in results.items() if isinstance(v, list) and v}
