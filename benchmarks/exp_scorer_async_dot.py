@@ -663,7 +663,9 @@ def main():
     copy = copy_bandwidth_GBps()
     shapes = [("fp8", 64, 8192, 4), ("fp8", 64, 32768, 4), ("fp8", 64, 32768, 1),
               ("fp8", 64, 32768, 2), ("fp8", 8, 32768, 4), ("mxfp4", 64, 8192, 1),
-              ("mxfp4", 64, 32768, 1), ("mxfp4", 128, 65536, 1), ("fp8", 128, 65536, 1)]
+              ("mxfp4", 64, 32768, 1), ("mxfp4", 128, 65536, 1), ("mxfp4", 1, 131072, 1),
+              ("mxfp4", 8, 32768, 1), ("fp8", 1, 131072, 1), ("fp8", 8, 32768, 1),
+              ("fp8", 128, 65536, 1)]
     records = []
     for fmt, batch, context, next_n in shapes:
         calls, nbytes = bench_logits.make_calls(fmt, "e4m3", batch, context, next_n, device)
