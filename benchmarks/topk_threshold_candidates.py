@@ -35,10 +35,7 @@ def main() -> None:
           "16 bits past the common prefix")
     for rows, cols in SHAPES:
         s = topk.topk_settings(rows, cols, K, interpreted=False)
-        chunks = s.sample_block // topk.SAMPLE_CHUNK
-        stride = -(-cols // chunks)
-        stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
-        sampled = torch.arange(cols) % stride < topk.SAMPLE_CHUNK
+        sampled = torch.arange(cols) % topk.sample_stride(cols, s.sample_block) < topk.SAMPLE_CHUNK
         m = int(sampled.sum())
         expected = -(-K * m // cols)
         rank = expected + int(math.sqrt(expected) * topk.MARGIN_SIGMAS.value) + \

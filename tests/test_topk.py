@@ -140,8 +140,7 @@ def usable(buffers, settings, want) -> torch.Tensor:
 
 def sampled_columns(cols: int, settings: topk.TopKSettings) -> torch.Tensor:
     """Whether the sample kernel reads each column of a full row (bool [cols])."""
-    stride = -(-cols // (settings.sample_block // topk.SAMPLE_CHUNK))
-    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
+    stride = topk.sample_stride(cols, settings.sample_block)
     return torch.arange(cols, device=DEVICE) % stride < topk.SAMPLE_CHUNK
 
 
@@ -374,9 +373,7 @@ def check_sample_threshold(digit_bits, threshold_bits, rows_kind, **changes):
         logits[1] -= 1000
     buffers = {}
     check(logits, k, lengths, settings, buffers)
-    chunks = settings.sample_block // topk.SAMPLE_CHUNK
-    stride = -(-cols // chunks)
-    stride = -(-stride // topk.SAMPLE_CHUNK) * topk.SAMPLE_CHUNK
+    stride = topk.sample_stride(cols, settings.sample_block)
     got = buffers["threshold"].cpu().long() & 0xFFFFFFFF
     for row in range(2):
         n = cols if lengths is None else int(lengths[row])

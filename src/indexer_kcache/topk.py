@@ -317,13 +317,11 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
     # Leading digits of ~column equal to all ones for every column: no tie pass needed.
     low_skip = min((32 - (cols - 1).bit_length()) // s.radix_bits, 32 // s.radix_bits - 1)
     if s.splits:
-        chunks = s.sample_block // SAMPLE_CHUNK
-        sample_stride = -(-cols // chunks)
-        sample_stride = max(-(-sample_stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
         sample_warps = s.sample_warps or min(max(s.sample_block // 512, 4), MAX_SAMPLE_WARPS)
         sample = SAMPLE_KERNEL.launch(
             plan.device, num_warps=sample_warps, options=options, **common, k=k,
-            sample_stride=sample_stride, CHUNK=SAMPLE_CHUNK, SAMPLE_BLOCK=s.sample_block,
+            sample_stride=sample_stride(cols, s.sample_block), CHUNK=SAMPLE_CHUNK,
+            SAMPLE_BLOCK=s.sample_block,
             BITS=s.threshold_bits, DIGIT_BITS=s.sample_digit_bits,
             ZERO_BUCKETS=s.block if counted else 0,
             SHARED_SAMPLE=(nvidia and s.shared_sample and s.sample_digit_bits == 1
@@ -361,6 +359,14 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
     return TopKLaunches(sample, filter_, filter_grid, select, count, place,
                         (rows, s.block // s.place_part) if counted else None,
                         rank, (rows, rank_programs(s, k, cols)))
+
+
+def sample_stride(cols: int, sample_block: int) -> int:
+    """The columns between the starts of the sample's chunks: ``sample_block //
+    SAMPLE_CHUNK`` chunks of ``SAMPLE_CHUNK`` consecutive columns spread over ``cols``
+    (a whole number of chunks apart)."""
+    stride = -(-cols // (sample_block // SAMPLE_CHUNK))
+    return max(-(-stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
 
 
 def shared_slots_fit(block: int, warps: int) -> bool:
