@@ -657,9 +657,10 @@ def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
 SHARED_ARRAY = "topk_shared"
 
 
-def shared_slots_ptx(pack: int, buckets: int, array_bytes: int) -> str:
-    """PTX of ``_shared_slots`` for ``pack`` elements a thread and ``buckets`` counters (the
-    first ``4 * buckets`` bytes of an ``array_bytes`` shared array it declares).
+def shared_slots_ptx(pack: int, array_bytes: int) -> str:
+    """PTX of ``_shared_slots`` for ``pack`` elements a thread, counting into the first 4
+    bytes a bucket of an ``array_bytes`` shared array it declares (a counter for each
+    index of ``bins``).
 
     Operands: ``pack`` slots and ``pack`` counts (results), then ``pack`` each of: the
     elements' buckets, their indices (``bins``), whether they count. The counters are
@@ -858,7 +859,7 @@ def _shared_slots(bucket, bins, valid, BLOCK: tl.constexpr, ARRAY_BYTES: tl.cons
     shared array, ``ARRAY_BYTES`` long."""
     PACK: tl.constexpr = _elements_per_thread(BLOCK, tl.extra.cuda.num_warps())
     return tl.inline_asm_elementwise(
-        _shared_slots_ptx(PACK, BLOCK, ARRAY_BYTES), _shared_constraints(2, 3, PACK),
+        _shared_slots_ptx(PACK, ARRAY_BYTES), _shared_constraints(2, 3, PACK),
         [bucket, bins, valid.to(tl.int32)], dtype=(tl.int32, tl.int32), is_pure=False,
         pack=PACK)
 
