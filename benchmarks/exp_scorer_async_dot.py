@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -39,7 +40,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from indexer_kcache.bench import logits as bench_logits
+from indexer_kcache.bench.timing import copy_bandwidth_GBps, graph_time_us
 from indexer_kcache.kernels import logits as _lib_logits
+from indexer_kcache.reference import logits as reference_logits
 
 # TMA loads into shared memory: ``async_copy_global_to_shared`` up to 3.7, ``async_load``
 # from 3.8 (3.9 no longer builds the old name).
@@ -132,24 +136,31 @@ def _page_ring(k_desc, s_desc, table_row, num_blocks, tile0, n_tiles, STAGES: gl
 
 
 @gluon.jit
-def _finish(acc, s_smem, table_row, num_blocks, out_row, tile0, jp, col_lo, col_hi,
-            limit, w, STAGES: gl.constexpr, MMA: gl.constexpr, DOUBLED: gl.constexpr):
-    """Relu, weights, head sum and scale of pair (tile ``jp``, one row); stored below the
-    range's end, ``-inf`` at and past the row's limit or for a block id out of range.
-    ``jp < 0`` stores nothing (the loop's first pair has no predecessor). ``DOUBLED``:
-    ``acc`` already holds ``x + |x|``."""
+def _finish(acc, w, factor, table_row, num_blocks, out_row, tile0, jp, col_lo, col_hi, limit,
+            MMA: gl.constexpr, DOUBLED: gl.constexpr):
+    """Relu, weights and head sum of pair (tile ``jp``, one row), times ``factor`` (the
+    keys' scales, or one number, with relu's 1/2); stored below the range's end, ``-inf``
+    at and past the row's limit or for a block id out of range. ``jp < 0`` stores nothing
+    (the loop's first pair has no predecessor). ``DOUBLED``: ``acc`` already holds
+    ``x + |x|``."""
     keys: gl.constexpr = gl.SliceLayout(1, MMA)
     t = col_lo + jp * BLOCK + gl.arange(0, BLOCK, layout=keys)
-    scales = s_smem.index((jp + STAGES) % STAGES).reshape([BLOCK]).load(keys)  # (jp >= -1)
     blk = gl.load(table_row + tile0 + jp, mask=jp >= 0, other=-1)
     valid = (blk >= 0) & (blk < num_blocks)
     if DOUBLED:
         terms = acc * gl.expand_dims(w, 0)
     else:
         terms = (acc + gl.abs(acc)) * gl.expand_dims(w, 0)
-    score = gl.sum(terms, axis=1) * (scales * 0.5)
+    score = gl.sum(terms, axis=1) * factor
     value = gl.where((t < limit) & valid, score, float("-inf"))
     gl.store(out_row + t, value, mask=(t < col_hi) & (jp >= 0))
+
+
+@gluon.jit
+def _half_scales(s_smem, jp, STAGES: gl.constexpr, MMA: gl.constexpr):
+    """Tile ``jp``'s 64 fp32 key scales, halved (relu's 1/2), from its stage (jp >= -1)."""
+    stage = (jp + STAGES) % STAGES
+    return s_smem.index(stage).reshape([BLOCK]).load(gl.SliceLayout(1, MMA)) * 0.5
 
 
 @gluon.jit
@@ -220,10 +231,10 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
             # move the head sums across. Without it, ptxas gives the dot the registers of
             # ``prev`` and computes prev's head sums before issuing the dot.
             if col_hi > col_lo:
-                w = _weights(r, w0, w1, w2, w3, w_smem, W_SMEM, MMA)
-                _finish(prev, s_smem, table_row, num_blocks,
+                _finish(prev, _weights(r, w0, w1, w2, w3, w_smem, W_SMEM, MMA),
+                        _half_scales(s_smem, jp, STAGES, MMA), table_row, num_blocks,
                         out_ptr + (row0 + r).to(gl.int64) * out_sr, tile0, jp, col_lo,
-                        col_hi, ctx - NEXT_N + r + 1, w, STAGES, MMA, i == 0)
+                        col_hi, ctx - NEXT_N + r + 1, MMA, i == 0)
             prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
             if i == NEXT_N - 1:
                 prev = prev + gl.abs(prev)
@@ -235,10 +246,10 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
                     j + STAGES - 1, n_tiles, STAGES, PAGE_ROWS)
     last: gl.constexpr = NEXT_N - 1
     if n_tiles > 0:
-        _finish(prev, s_smem, table_row, num_blocks,
-                out_ptr + (row0 + last).to(gl.int64) * out_sr, tile0, n_tiles - 1,
-                col_lo, col_hi, ctx - NEXT_N + last + 1,
-                _weights(last, w0, w1, w2, w3, w_smem, W_SMEM, MMA), STAGES, MMA, True)
+        _finish(prev, _weights(last, w0, w1, w2, w3, w_smem, W_SMEM, MMA),
+                _half_scales(s_smem, n_tiles - 1, STAGES, MMA), table_row, num_blocks,
+                out_ptr + (row0 + last).to(gl.int64) * out_sr, tile0, n_tiles - 1, col_lo,
+                col_hi, ctx - NEXT_N + last + 1, MMA, True)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
 
@@ -316,20 +327,6 @@ def _decode_tile(v_smem, s_smem, stage, ref, PACK: gl.constexpr):
 
 
 @gluon.jit
-def _finish_fp4(acc, table_row, num_blocks, out_row, tile0, jp, col_lo, col_hi, limit, w,
-                key_factor, MMA: gl.constexpr):
-    """``_finish`` for folded MXFP4 keys: the key factor (with relu's 1/2) is one number."""
-    keys: gl.constexpr = gl.SliceLayout(1, MMA)
-    t = col_lo + jp * BLOCK + gl.arange(0, BLOCK, layout=keys)
-    blk = gl.load(table_row + tile0 + jp, mask=jp >= 0, other=-1)
-    valid = (blk >= 0) & (blk < num_blocks)
-    terms = acc * gl.expand_dims(w, 0)  # acc: x + |x|
-    score = gl.sum(terms, axis=1) * key_factor
-    value = gl.where((t < limit) & valid, score, float("-inf"))
-    gl.store(out_row + t, value, mask=(t < col_hi) & (jp >= 0))
-
-
-@gluon.jit
 def _fp4_consume(q_ptr, w_ptr, v_desc, s_desc, v_smem, s_smem, ready, empty, table_row,
                  num_blocks, tile0, col_lo, col_hi, n_tiles, ctx, out_row, b,
                  STAGES: gl.constexpr, PRODUCER_WARP: gl.constexpr):
@@ -376,8 +373,8 @@ def _fp4_consume(q_ptr, w_ptr, v_desc, s_desc, v_smem, s_smem, ready, empty, tab
         cur = warpgroup_mma(_as_e4m3(a_smem), q_smem.permute((1, 0)), zero, use_acc=False,
                             is_async=True)
         if col_hi > col_lo:  # always: a branch ptxas keeps the head sums behind
-            _finish_fp4(prev, table_row, num_blocks, out_row, tile0, j - 1, col_lo, col_hi, ctx,
-                        w, key_factor, MMA)
+            _finish(prev, w, key_factor, table_row, num_blocks, out_row, tile0, j - 1, col_lo,
+                    col_hi, ctx, MMA, True)
         prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
         prev = prev + gl.abs(prev)
         if not PRODUCER_WARP:
@@ -386,8 +383,8 @@ def _fp4_consume(q_ptr, w_ptr, v_desc, s_desc, v_smem, s_smem, ready, empty, tab
             _issue_tile(v_desc, s_desc, v_smem, s_smem, ready, table_row, num_blocks, tile0,
                         j + STAGES - 1, n_tiles, STAGES, FP4_PAGE_ROWS)
     if n_tiles > 0:
-        _finish_fp4(prev, table_row, num_blocks, out_row, tile0, n_tiles - 1, col_lo, col_hi,
-                    ctx, w, key_factor, MMA)
+        _finish(prev, w, key_factor, table_row, num_blocks, out_row, tile0, n_tiles - 1,
+                col_lo, col_hi, ctx, MMA, True)
 
 
 @gluon.jit
@@ -437,7 +434,6 @@ def mxfp4_async_dot_kernel(q_ptr, w_ptr, v_desc, s_desc, table_ptr, table_sb, ct
 # ------------------------------------------------------------------------------ host
 def descriptors(cache):
     """TMA descriptors of the cache's value rows and scale rows (unpadded 64-key pages)."""
-    import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if (cache.dim() != 3 or tuple(cache.shape[1:]) != (KEYS_A_PAGE, HEAD_DIM + 4)
@@ -460,7 +456,6 @@ def descriptors(cache):
 def fp4_descriptors(cache):
     """TMA descriptors of an MXFP4 cache's packed values (as int32 words, 16 a key) and of
     its keys' scale words (unpadded 64-key pages)."""
-    import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if (cache.dim() != 3 or tuple(cache.shape[1:]) != (KEYS_A_PAGE, 68)
@@ -483,7 +478,7 @@ def launcher(call, chunk_tiles, stages=4, flag=False):
     """A launch of one setting; ``flag``: FP8, the weights in shared memory; MXFP4, a warp of
     its own asks for the pages."""
     values, scales = call["q"]
-    if scales is not None or values.dtype != torch_e4m3():
+    if scales is not None or values.dtype != torch.float8_e4m3fn:
         raise ValueError("q: expected e4m3 values without scales")
     batch, next_n = values.shape[:2]
     cache, table, out = call["k_cache"], call["block_table"], call["out"]
@@ -517,11 +512,6 @@ def producer_options(producer):
     (the worker's warp group is filled out to four), so a cap of 80 registers, without
     spills, keeps three programs an SM (uncapped, ptxas takes 255: one)."""
     return dict(maxnreg=80) if producer else {}
-
-
-def torch_e4m3():
-    import torch
-    return torch.float8_e4m3fn
 
 
 def compile_only(next_n, stages, flag=False, fmt="fp8"):
@@ -570,7 +560,7 @@ def compile_only(next_n, stages, flag=False, fmt="fp8"):
                 qgmma=dots, dot_waits=len(waits), sass_text=sass)
 
 
-def check(calls, bench_logits, reference_logits, torch, settings):
+def check(calls, settings):
     """Each setting's logits on ``calls[0]`` with ragged context lengths and a few block ids
     out of range, against the torch reference: within the contract's bound where finite,
     ``-inf`` exactly where it has ``-inf``. Returns {setting: "ok" or what failed}."""
@@ -592,7 +582,7 @@ def check(calls, bench_logits, reference_logits, torch, settings):
     bound = bench_logits.contract_bound(call["q"], keys, call["weights"])
     finite = torch.isfinite(want)
     verdicts = {}
-    fmt = "mxfp4" if call["k_cache"].shape[-1] == 68 else "fp8"
+    fmt = "mxfp4" if fp4 else "fp8"
     for chunk, stages, flag in settings:
         name = setting_name(chunk, stages, flag, fmt)
         try:
@@ -600,12 +590,11 @@ def check(calls, bench_logits, reference_logits, torch, settings):
             launcher(call, chunk, stages, flag)()
             torch.cuda.synchronize()
             got = call["out"]
-            err = (got - want).abs()
             same_inf = torch.equal(torch.isneginf(got), torch.isneginf(want))
-            inside = bool((err[finite] <= bound[finite] + 1e-6 * want[finite].abs()).all())
-            verdicts[name] = "ok" if same_inf and inside else (
+            err = (got - want).abs()[finite]
+            verdicts[name] = "ok" if bench_logits.within(got, want, bound) else (
                 f"wrong: -inf {'same' if same_inf else 'differs'}, worst "
-                f"{(err[finite] / bound[finite].clamp_min(1e-30)).max().item():.3g} of the bound")
+                f"{(err / bound[finite].clamp_min(1e-30)).max().item():.3g} of the bound")
         except Exception as e:  # noqa: BLE001
             verdicts[name] = f"error {type(e).__name__}: {str(e)[:300]}"
     return verdicts
@@ -637,12 +626,6 @@ def main():
                 print(json.dumps(info))
         return
 
-    import torch
-
-    from indexer_kcache.bench import logits as bench_logits
-    from indexer_kcache.bench.timing import copy_bandwidth_GBps, graph_time_us
-    from indexer_kcache.reference import logits as reference_logits
-
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     lines = ["checks against the torch reference (4 x 4096, ragged, two bad block ids):"]
@@ -650,7 +633,7 @@ def main():
         calls, _ = bench_logits.make_calls(fmt, "e4m3", 4, 4096, next_n, device)
         settings = [(chunk, stages, flag) for chunk in (4, 16, 64) for stages in (3, 4)
                     for flag in (False, True)]
-        verdicts = check(calls, bench_logits, reference_logits, torch, settings)
+        verdicts = check(calls, settings)
         bad = {k: v for k, v in verdicts.items() if v != "ok"}
         lines.append(f"  {fmt} next_n {next_n}: {len(verdicts) - len(bad)} of {len(verdicts)}"
                      " ok" + ("; " + "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:3])

@@ -260,6 +260,12 @@ def within_bound(call: dict, fp4: bool, mx: bool) -> bool:
                                              call["max_model_len"], fp4, mx, 0, 0)
     bound = contract_bound(call["q"], keys, call["weights"])
     del keys
+    return within(got, want, bound)
+
+
+def within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> bool:
+    """Logits ``got`` against the reference's ``want``: ``-inf`` exactly where it has
+    ``-inf``, and within ``bound`` (``contract_bound``) where it is finite."""
     finite = torch.isfinite(want)
     err = (got - want).abs()
     return (torch.equal(torch.isneginf(got), torch.isneginf(want))
