@@ -16,7 +16,8 @@ sequence, ``clean_logits`` inside the scored range only):
 - ``fp8_async_dot_kernel``: FP8 keys with fp32 scales, one to four rows a program.
 - ``mxfp4_async_dot_kernel``: MXFP4 keys, one row a program, decoded as the library does
   (table lookup, one fold exponent a program) into shared memory, where the dot reads them.
-Both are checked against the torch reference before anything is timed.
+Both are checked against the torch reference before anything is timed. Measured on an
+H200, the overlap gains little (BENCHMARKS.md, "The dot left running, written in Gluon").
 
     python benchmarks/exp_scorer_async_dot.py            # on an H200: check, then time
     python benchmarks/exp_scorer_async_dot.py --compile  # anywhere: sm_90 builds, registers
