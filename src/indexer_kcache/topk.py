@@ -90,10 +90,6 @@ RANK_WIDTH = 4  # bucket members compared per step
 PLACE_PART = 512
 PLACE_MAX_ROWS = 64
 PLACE_WARPS = 4
-# The select kernel's shared counters (4 bytes a bucket) are static shared memory beside
-# what Triton allocates (as many bytes again at these blocks): within the 48 KiB a launch
-# may take without opting in to more.
-SHARED_SLOTS_MAX_BLOCK = 4096
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
 # measured in BENCHMARKS.md.
@@ -127,14 +123,6 @@ class TopKSettings(NamedTuple):
     # of the select kernel (one program a row); 0: the select kernel (with splits only).
     place_part: int = 0
     place_warps: int = PLACE_WARPS  # the place kernel's (the count kernel takes PLACE_WARPS)
-    # The select kernel counts its pairs into their buckets by atomic adds on shared memory
-    # (inline PTX: NVIDIA, blocks of at most SHARED_SLOTS_MAX_BLOCK pairs, a whole number a
-    # thread) instead of on its row of ``counts`` in device memory. Not timed yet: off.
-    shared_slots: bool = False
-    # With the same conditions, the select kernel also ranks its pairs in shared memory
-    # (placed there bucket by bucket, each compared with its bucket's others) and writes
-    # the result: no scratch row, no rank kernel. Not timed yet: off.
-    shared_rank: bool = False
     # The sample kernel finds its threshold (the same one) by two passes of 8-bit digit
     # counts in shared memory (inline PTX: NVIDIA, one-bit passes, at most 16 bits) instead
     # of a block-wide sum a bit. Not timed yet: off.
@@ -297,7 +285,7 @@ class TopKLaunches(NamedTuple):
     count: object
     place: object
     place_grid: tuple | None  # the count and place kernels'
-    rank: object  # None where the select kernel ranks (shared_rank)
+    rank: object
     rank_grid: tuple
 
 
@@ -343,17 +331,14 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
                                     cols=cols, HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl, k=k,
                                     capacity=s.block, out_row_stride=plan.out_row_stride,
                                     BLOCK=s.block, PART=s.place_part)
-    shared = not counted and nvidia and shared_slots_fit(s.block, s.select_warps)
-    shared_rank = shared and s.shared_rank
     select = None if counted else SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
         options=checks.nvidia_options(nvidia, pdl != PDL_NONE, s.max_registers) or None,
         **common, k=k,
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits,
-        SHARED_SLOTS=shared and s.shared_slots and not shared_rank, SHARED_RANK=shared_rank)
-    rank = None if shared_rank else RANK_KERNEL.launch(
+        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
+    rank = RANK_KERNEL.launch(
         plan.device, num_warps=4, options=options, out_row_stride=plan.out_row_stride,
         BLOCK=s.block, CHUNK=rank_chunk(s), WIDTH=s.width, USE_PDL=pdl)
     return TopKLaunches(sample, filter_, filter_grid, select, count, place,
@@ -367,13 +352,6 @@ def sample_stride(cols: int, sample_block: int) -> int:
     (a whole number of chunks apart)."""
     stride = -(-cols // (sample_block // SAMPLE_CHUNK))
     return max(-(-stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
-
-
-def shared_slots_fit(block: int, warps: int) -> bool:
-    """Whether the select kernel can count ``block`` pairs in shared memory at ``warps``:
-    a whole number of pairs a thread (one PTX statement each) and counters within
-    ``SHARED_SLOTS_MAX_BLOCK``."""
-    return block % (32 * warps) == 0 and block <= SHARED_SLOTS_MAX_BLOCK
 
 
 def rank_chunk(s: TopKSettings) -> int:
@@ -431,8 +409,6 @@ def launch_topk(plan: TopKPlan, call: OpCall, buffers: dict | None = None) -> No
         launches.select((rows,), logits_ptr=logits, lengths_ptr=lengths, cand_ptr=cand,
                         cand_count_ptr=cand_count, scratch_ptr=scratch, counts_ptr=counts,
                         meta_ptr=meta, out_ptr=out)
-    if launches.rank is None:  # the select kernel ranked the pairs itself
-        return
     launches.rank(launches.rank_grid, scratch_ptr=scratch, counts_ptr=counts, meta_ptr=meta,
                   out_ptr=out)
     if buffers is not None:

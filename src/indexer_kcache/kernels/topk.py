@@ -614,128 +614,23 @@ def _buckets(pair, valid, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rank_in_place(pair, valid, want, out_row_ptr, BLOCK: tl.constexpr):
-    """``out_row[rank] = column`` for the ``valid`` pairs of ``pair`` whose rank among them
-    is below ``want``, ranked in the program: counted into ``BLOCK`` buckets
-    (``_shared_slots``), placed and compared with their bucket's others in shared memory
-    (``_shared_rank``; NVIDIA only). No scratch row, no rank kernel."""
-    _, _, bucket = _buckets(pair, valid, BLOCK)
-    slot, count = _shared_slots(bucket, tl.arange(0, BLOCK), valid, BLOCK, 8 * BLOCK + 16)
-    rank = _shared_rank(pair, bucket, slot, count, valid, want, BLOCK)
-    column = (~(pair & WORD_MASK).to(tl.uint32)).to(tl.int32)
-    tl.store(out_row_ptr + rank, column, mask=valid & (rank < want))
-
-
-@triton.jit
 def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
-           BLOCK: tl.constexpr, SHARED_SLOTS: tl.constexpr):
+           BLOCK: tl.constexpr):
     """Writes the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``) to ``sorted_row`` (int64
     ``[BLOCK]``) bucket by bucket, over ``BLOCK`` buckets from the largest pair to the
-    smallest, counted here by atomic adds (``_write_placed`` does the rest): in shared
-    memory with ``SHARED_SLOTS`` (``_shared_slots``), else on ``counts_row``."""
+    smallest, counted here by atomic adds on ``counts_row`` (``_write_placed`` does the
+    rest)."""
     top, shift, bucket = _buckets(pair, valid, BLOCK)
     bins = tl.arange(0, BLOCK)
-    if SHARED_SLOTS:
-        slot, count = _shared_slots(bucket, bins, valid, BLOCK, 4 * BLOCK)
-        tl.store(counts_row_ptr + bins, count)  # for the rank kernel
-    else:
-        tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
-        tl.debug_barrier()
-        # The old count is the pair's slot in its bucket (atomics give every pair its own).
-        slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32),
-                             mask=valid, sem="relaxed")
-        tl.debug_barrier()
-        count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
+    tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
+    tl.debug_barrier()
+    # The old count is the pair's slot in its bucket (atomics give every pair its own).
+    slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32),
+                         mask=valid, sem="relaxed")
+    tl.debug_barrier()
+    count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
     _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row_ptr,
                   sorted_row_ptr, meta_row_ptr, BLOCK)
-
-
-# The select kernel's shared array (inline PTX): declared once at function scope by the
-# slots statement, read and written by the rank statement after it. A second copy of the
-# declaration (Triton splitting a thread's elements over two statements) fails to
-# assemble instead of counting twice; the rank statement declares a name for the same.
-SHARED_ARRAY = "topk_shared"
-
-
-def shared_slots_ptx(pack: int, array_bytes: int) -> str:
-    """PTX of ``_shared_slots`` for ``pack`` elements a thread, counting into the first 4
-    bytes a bucket of an ``array_bytes`` shared array it declares (a counter for each
-    index of ``bins``).
-
-    Operands: ``pack`` slots and ``pack`` counts (results), then ``pack`` each of: the
-    elements' buckets, their indices (``bins``), whether they count. The counters are
-    static shared memory of the kernel's own, which no Triton operation touches: zeroed
-    through ``bins`` (every counter is some thread's element), a barrier, one shared atomic
-    add per counted element (the old value is its slot), a barrier, each element's
-    counter read back through ``bins``, and a barrier before anything writes there
-    again."""
-    slot, count, bucket, index, take = (pack * i for i in range(5))
-    lines = [f".shared .align 16 .b8 {SHARED_ARRAY}[{array_bytes}];", "{",
-             ".reg .pred p;", ".reg .b32 base, address;", f"mov.u32 base, {SHARED_ARRAY};"]
-    for e in range(pack):
-        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;", "st.shared.u32 [address], 0;"]
-    lines.append("bar.sync 0;")
-    for e in range(pack):
-        lines += [f"setp.ne.u32 p, ${take + e}, 0;", f"mad.lo.u32 address, ${bucket + e}, 4, base;",
-                  f"mov.u32 ${slot + e}, 0;", f"@p atom.shared.add.u32 ${slot + e}, [address], 1;"]
-    lines.append("bar.sync 0;")
-    for e in range(pack):
-        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;",
-                  f"ld.shared.u32 ${count + e}, [address];"]
-    lines += ["bar.sync 0;", "}"]
-    return "\n".join(lines)
-
-
-def shared_rank_ptx(pack: int, buckets: int) -> str:
-    """PTX of ``_shared_rank`` for ``pack`` elements a thread over ``buckets`` buckets, on the
-    array ``_shared_slots_ptx`` declared (at least ``8 * buckets`` bytes).
-
-    Operands: ``pack`` ranks (results), then ``pack`` each of: the elements' indices
-    (``bins``), the bucket starts at those indices, the pair count and ``want`` (the same
-    in each), the pairs' high and low words, their buckets, their slots, whether they
-    count. The starts go over the counters, the count after the last; a barrier; each
-    element reads its bucket's start and end; a barrier; each counted pair is written to
-    its place (the array now holds the pairs bucket by bucket); a barrier; each counted
-    pair of a bucket that starts below ``want`` compares itself with every pair of its
-    bucket, its rank the bucket's start plus those above it (larger high word, or equal
-    and larger low word; the others' ranks are their bucket's start, at least ``want``).
-    A last barrier keeps the pairs until every thread has read them."""
-    rank, index, start, total, want, high, low, bucket, slot, take = (
-        pack * i for i in range(10))
-    # A function-scope name of its own, as the slots statement's array: a copy of this
-    # statement (each thread's elements in two statements) fails to assemble.
-    lines = [".reg .b32 topk_rank_once;", "{", ".reg .pred p, q, g, h;",
-             f".reg .b32 base, address, j, above, other_low, other_high, inc, f<{pack}>, n<{pack}>;",
-             f"mov.u32 base, {SHARED_ARRAY};"]
-    for e in range(pack):
-        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;",
-                  f"st.shared.u32 [address], ${start + e};"]
-    lines += [f"add.u32 address, base, {4 * buckets};", f"st.shared.u32 [address], ${total};",
-              "bar.sync 0;"]
-    for e in range(pack):
-        lines += [f"mad.lo.u32 address, ${bucket + e}, 4, base;",
-                  f"ld.shared.u32 f{e}, [address];", f"ld.shared.u32 n{e}, [address+4];"]
-    lines.append("bar.sync 0;")
-    for e in range(pack):
-        lines += [f"setp.ne.u32 p, ${take + e}, 0;", f"add.u32 address, f{e}, ${slot + e};",
-                  "mad.lo.u32 address, address, 8, base;",
-                  f"@p st.shared.v2.u32 [address], {{${low + e}, ${high + e}}};"]
-    lines.append("bar.sync 0;")
-    for e in range(pack):
-        loop, done = f"topk_rank_loop_{e}", f"topk_rank_done_{e}"
-        # (Pairs of buckets that start at or past ``want`` are not ranked: never written.)
-        lines += ["mov.u32 above, 0;", f"mov.u32 j, f{e};", f"setp.eq.u32 p, ${take + e}, 0;",
-                  f"setp.ge.or.s32 p, f{e}, ${want + e}, p;", f"@p bra {done};", f"{loop}:",
-                  f"setp.ge.u32 q, j, n{e};", f"@q bra {done};",
-                  "mad.lo.u32 address, j, 8, base;",
-                  "ld.shared.v2.u32 {other_low, other_high}, [address];",
-                  f"setp.gt.u32 g, other_high, ${high + e};",
-                  f"setp.eq.u32 h, other_high, ${high + e};",
-                  f"setp.gt.and.u32 h, other_low, ${low + e}, h;", "or.pred g, g, h;",
-                  "selp.u32 inc, 1, 0, g;", "add.u32 above, above, inc;", "add.u32 j, j, 1;",
-                  f"bra {loop};", f"{done}:", f"add.u32 ${rank + e}, f{e}, above;"]
-    lines += ["bar.sync 0;", "}"]
-    return "\n".join(lines)
 
 
 # The sample threshold statement's shared words: 256 digit counts, 16 sums of 16 of them,
@@ -835,8 +730,6 @@ def shared_threshold_ptx(pack: int) -> str:
 
 
 # (Plain functions above, for tests that run the statements on an emulated block.)
-_shared_slots_ptx = triton.constexpr_function(shared_slots_ptx)
-_shared_rank_ptx = triton.constexpr_function(shared_rank_ptx)
 _shared_threshold_ptx = triton.constexpr_function(shared_threshold_ptx)
 
 
@@ -848,40 +741,6 @@ def _shared_constraints(outputs, inputs, pack):
 @triton.constexpr_function
 def _elements_per_thread(block, warps):
     return block // (32 * warps)
-
-
-@triton.jit
-def _shared_slots(bucket, bins, valid, BLOCK: tl.constexpr, ARRAY_BYTES: tl.constexpr):
-    """(slot, count) int32 ``[BLOCK]``: each ``valid`` element's slot in its ``bucket``
-    (the number of elements counted there before it, in no fixed order) and the count of
-    bucket ``bins[i]``, by atomic adds on shared memory (NVIDIA only; one PTX statement a
-    thread: ``BLOCK`` a whole multiple of the program's threads). Declares the kernel's
-    shared array, ``ARRAY_BYTES`` long."""
-    PACK: tl.constexpr = _elements_per_thread(BLOCK, tl.extra.cuda.num_warps())
-    return tl.inline_asm_elementwise(
-        _shared_slots_ptx(PACK, ARRAY_BYTES), _shared_constraints(2, 3, PACK),
-        [bucket, bins, valid.to(tl.int32)], dtype=(tl.int32, tl.int32), is_pure=False,
-        pack=PACK)
-
-
-@triton.jit
-def _shared_rank(pair, bucket, slot, count, valid, want, BLOCK: tl.constexpr):
-    """int32 ``[BLOCK]``: each ``valid`` pair's rank among the ``valid`` pairs where it is
-    below ``want`` (else some rank at or past ``want``), given their buckets
-    (``_bucket_of``: larger pairs, lower buckets), their slots there and the buckets'
-    counts (``count[i]`` of bucket ``i``; ``_shared_slots``), by placing the pairs bucket
-    by bucket in the kernel's shared array (``8 * BLOCK + 4`` bytes at least) and
-    comparing each with its bucket's others there (NVIDIA only)."""
-    PACK: tl.constexpr = _elements_per_thread(BLOCK, tl.extra.cuda.num_warps())
-    bins = tl.arange(0, BLOCK)
-    start = tl.cumsum(count, 0) - count
-    total = tl.zeros_like(count) + tl.sum(count, 0)
-    high = (pair >> 32).to(tl.uint32).to(tl.int32, bitcast=True)
-    low = (pair & WORD_MASK).to(tl.uint32).to(tl.int32, bitcast=True)
-    return tl.inline_asm_elementwise(
-        _shared_rank_ptx(PACK, BLOCK), _shared_constraints(1, 9, PACK),
-        [bins, start, total, tl.zeros_like(count) + want, high, low, bucket, slot,
-         valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=PACK)
 
 
 @triton.jit
@@ -941,8 +800,6 @@ def topk_select_kernel(
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
-    SHARED_SLOTS: tl.constexpr,
-    SHARED_RANK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): the pairs that ``topk_rank_kernel`` ranks, placed bucket by bucket
@@ -961,11 +818,6 @@ def topk_select_kernel(
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
     radix tie passes start below them.
-
-    NVIDIA only: with ``SHARED_SLOTS`` the pairs are counted into their buckets in shared
-    memory (``_shared_slots``) instead of on ``counts``; with ``SHARED_RANK`` they are
-    also placed and ranked there, and their columns written to ``out[row]`` by rank
-    (``_rank_in_place``: ``scratch`` only for the radix selection, no rank kernel).
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
@@ -1002,11 +854,7 @@ def topk_select_kernel(
         pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
-    if SHARED_RANK:
-        _rank_in_place(pair, valid, want, out_ptr + row * out_row_stride, BLOCK)
-    else:
-        _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK,
-               SHARED_SLOTS)
+    _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
     _fill_unranked(out_ptr + row * out_row_stride, want, k, BLOCK)
 
 
