@@ -21,6 +21,7 @@ H200, the overlap gains little (BENCHMARKS.md, "The dot left running, written in
 
     python benchmarks/exp_scorer_async_dot.py            # on an H200: check, then time
     python benchmarks/exp_scorer_async_dot.py --compile  # anywhere: sm_90 builds, registers
+    python benchmarks/exp_scorer_async_dot.py --parts    # on an H200: the FP8 loop's parts
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def key_layout():
 
 def scale_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+# The FP8 kernel's loop, whole or in part (``PART``), to time what each part costs: the
+# dots without the head sums and stores (each result kept by a max), the head sums and
+# stores of results that take no dot (a number a pair), or neither (the pages' TMA and the
+# barriers alone). Only ``PART_ALL`` computes logits.
+PART_ALL, PART_DOTS, PART_SUMS, PART_PAGES = (gl.constexpr(part) for part in range(4))
+PART_NAMES = {0: "all", 1: "dots", 2: "head sums", 3: "pages"}
 
 
 @gluon.jit
@@ -167,7 +176,8 @@ def _half_scales(s_smem, jp, STAGES: gl.constexpr, MMA: gl.constexpr):
 @gluon.jit
 def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_ptr, out_ptr,
                          out_sr, num_blocks, max_cols, chunk_tiles,
-                         NEXT_N: gl.constexpr, STAGES: gl.constexpr, W_SMEM: gl.constexpr):
+                         NEXT_N: gl.constexpr, STAGES: gl.constexpr, W_SMEM: gl.constexpr,
+                         PART: gl.constexpr = 0):
     gl.static_assert(STAGES >= 2)
     gl.static_assert(W_SMEM or NEXT_N <= 4)  # four rows' weights in registers at most
     b = gl.program_id(0)
@@ -219,24 +229,36 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
     # iteration as ``x + |x|``: registers a dot defined, reaching the loop's head, make
     # ptxas wait for the running dot before reading them, or copy them one by one.
     prev = zero
+    kept = zero  # (the diagnostic parts: what keeps the dots' results live)
+    DOTS: gl.constexpr = PART == PART_ALL or PART == PART_DOTS
+    SUMS: gl.constexpr = PART == PART_ALL or PART == PART_SUMS
     for j in range(n_tiles):
         stage = j % STAGES
         mbarrier.wait(bars.index(stage), phase=(j // STAGES) & 1)
         keys = k_smem.index(stage)
         for i in gl.static_range(NEXT_N):
-            cur = warpgroup_mma(keys, q_smem.index(i).permute((1, 0)), zero, use_acc=False,
-                                is_async=True)
+            if DOTS:
+                cur = warpgroup_mma(keys, q_smem.index(i).permute((1, 0)), zero, use_acc=False,
+                                    is_async=True)
+            else:
+                cur = zero + (j * NEXT_N + i).to(gl.float32)
             r = (i + NEXT_N - 1) % NEXT_N
             jp = j if i > 0 else j - 1
             # Always true here (the loop runs only when it is): a branch, which ptxas does not
             # move the head sums across. Without it, ptxas gives the dot the registers of
             # ``prev`` and computes prev's head sums before issuing the dot.
-            if col_hi > col_lo:
-                _finish(prev, _weights(r, w0, w1, w2, w3, w_smem, W_SMEM, MMA),
-                        _half_scales(s_smem, jp, STAGES, MMA), table_row, num_blocks,
-                        out_ptr + (row0 + r).to(gl.int64) * out_sr, tile0, jp, col_lo,
-                        col_hi, ctx - NEXT_N + r + 1, MMA, i == 0)
-            prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
+            if SUMS:
+                if col_hi > col_lo:
+                    _finish(prev, _weights(r, w0, w1, w2, w3, w_smem, W_SMEM, MMA),
+                            _half_scales(s_smem, jp, STAGES, MMA), table_row, num_blocks,
+                            out_ptr + (row0 + r).to(gl.int64) * out_sr, tile0, jp, col_lo,
+                            col_hi, ctx - NEXT_N + r + 1, MMA, i == 0)
+            else:
+                kept = gl.maximum(kept, prev)
+            if DOTS:
+                prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
+            else:
+                prev = cur
             if i == NEXT_N - 1:
                 prev = prev + gl.abs(prev)
         # Every dot of tile j - 1 is done, and every warp has read its scales once all
@@ -246,7 +268,10 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
         _issue_tile(k_desc, s_desc, k_smem, s_smem, bars, table_row, num_blocks, tile0,
                     j + STAGES - 1, n_tiles, STAGES, PAGE_ROWS)
     last: gl.constexpr = NEXT_N - 1
-    if n_tiles > 0:
+    if not SUMS and n_tiles > 0:  # one value a key of the program's first tile
+        t = col_lo + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, MMA))
+        gl.store(out_ptr + row0.to(gl.int64) * out_sr + t, gl.max(kept, axis=1), mask=t < col_hi)
+    if SUMS and n_tiles > 0:
         _finish(prev, _weights(last, w0, w1, w2, w3, w_smem, W_SMEM, MMA),
                 _half_scales(s_smem, n_tiles - 1, STAGES, MMA), table_row, num_blocks,
                 out_ptr + (row0 + last).to(gl.int64) * out_sr, tile0, n_tiles - 1, col_lo,
@@ -475,9 +500,9 @@ def fp4_descriptors(cache):
     return v_desc, s_desc
 
 
-def launcher(call, chunk_tiles, stages=4, flag=False):
+def launcher(call, chunk_tiles, stages=4, flag=False, part=0):
     """A launch of one setting; ``flag``: FP8, the weights in shared memory; MXFP4, a warp of
-    its own asks for the pages."""
+    its own asks for the pages. ``part``: FP8, the parts of the loop kept (``PART_*``)."""
     values, scales = call["q"]
     if scales is not None or values.dtype != torch.float8_e4m3fn:
         raise ValueError("q: expected e4m3 values without scales")
@@ -503,7 +528,7 @@ def launcher(call, chunk_tiles, stages=4, flag=False):
                                          **producer_options(flag))
         else:
             fp8_async_dot_kernel[grid](*args, NEXT_N=next_n, STAGES=stages, W_SMEM=flag,
-                                       num_warps=4)
+                                       PART=part, num_warps=4)
 
     return run
 
@@ -515,7 +540,7 @@ def producer_options(producer):
     return dict(maxnreg=80) if producer else {}
 
 
-def compile_only(next_n, stages, flag=False, fmt="fp8"):
+def compile_only(next_n, stages, flag=False, fmt="fp8", part=0):
     """Build for sm_90 without a GPU; registers, spills, shared memory, SASS size."""
     import re
     import subprocess
@@ -532,7 +557,7 @@ def compile_only(next_n, stages, flag=False, fmt="fp8"):
         sig = dict(common, NEXT_N="constexpr", W_SMEM="constexpr",
                    k_desc=f"tensordesc<fp8e4nv[{KEYS_A_PAGE}, {HEAD_DIM}],{key_layout()!r}>",
                    s_desc=f"tensordesc<fp32[1, {KEYS_A_PAGE}],{scale_layout()!r}>")
-        values = dict(NEXT_N=next_n, STAGES=stages, W_SMEM=flag)
+        values = dict(NEXT_N=next_n, STAGES=stages, W_SMEM=flag, PART=part)
     else:
         fn = mxfp4_async_dot_kernel
         sig = dict(common, v_desc=f"tensordesc<i32[{KEYS_A_PAGE}, 16],{packed_layout()!r}>",
@@ -606,13 +631,39 @@ def setting_name(chunk, stages, flag, fmt):
     return f"chunk {chunk} s{stages}{tag}"
 
 
+def time_parts(rounds, batch=64, context=32768, chunk=82, stages=4):
+    """The FP8 kernel's loop whole and in parts (``PART_*``) at ``next_n`` 1, 2 and 4,
+    beside the library, by CUDA-graph replay (median us of each round)."""
+    device = torch.device("cuda")
+    lines = [f"FP8 keys, e4m3 queries, {batch} x {context}, chunk {chunk} s{stages}: "
+             "median us of each round"]
+    for next_n in (1, 2, 4):
+        calls, _ = bench_logits.make_calls("fp8", "e4m3", batch, context, next_n, device)
+        runs = {"library": [bench_logits.scorer_call(c) for c in calls]}
+        for part, name in PART_NAMES.items():
+            runs[name] = [launcher(c, chunk, stages, False, part) for c in calls]
+        times = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, fns in runs.items():
+                times[name].append(graph_time_us(fns, 40))
+        lines.append(f"  next_n {next_n}: " + ", ".join(
+            f"{name} {' '.join(f'{t:.1f}' for t in ts)}" for name, ts in times.items()))
+        del calls, runs
+    print("\n".join(lines), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="build for sm_90 only")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-only", action="store_true",
                         help="only the checks against the reference (a short run first)")
+    parser.add_argument("--parts", action="store_true",
+                        help="FP8 at 64 x 32768: the loop's parts timed apart (PART_*)")
     args = parser.parse_args()
+    if args.parts:
+        time_parts(args.rounds)
+        return
     if args.compile:
         for next_n in (1, 2, 4):
             for stages in (3, 4, 6):
