@@ -69,9 +69,10 @@ def scale_layout():
 
 
 # The FP8 kernel's loop, whole or in part (``PART``), to time what each part costs: the
-# dots without the head sums and stores (each result kept by a max), the head sums and
-# stores of results that take no dot (a number a pair), or neither (the pages' TMA and the
-# barriers alone). Only ``PART_ALL`` computes logits.
+# dots without the head sums and stores (each result kept by a max: one more instruction
+# an element), the head sums and stores of results that take no dot (an add an element in
+# its place), or neither (the pages' TMA and the barriers alone). Only ``PART_ALL``
+# computes logits.
 PART_ALL, PART_DOTS, PART_SUMS, PART_PAGES = (gl.constexpr(part) for part in range(4))
 PART_NAMES = {0: "all", 1: "dots", 2: "head sums", 3: "pages"}
 
@@ -229,9 +230,16 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
     # iteration as ``x + |x|``: registers a dot defined, reaching the loop's head, make
     # ptxas wait for the running dot before reading them, or copy them one by one.
     prev = zero
-    kept = zero  # (the diagnostic parts: what keeps the dots' results live)
     DOTS: gl.constexpr = PART == PART_ALL or PART == PART_DOTS
     SUMS: gl.constexpr = PART == PART_ALL or PART == PART_SUMS
+    # (The diagnostic parts: ``kept`` keeps the dots' results live without head sums;
+    # without dots, the head sums take a different number in each element, which the
+    # compiler cannot fold to one a key as it would a number a pair.)
+    kept = zero
+    spread = zero
+    if not DOTS:
+        spread = (gl.expand_dims(gl.arange(0, BLOCK, layout=gl.SliceLayout(1, MMA)), 1)
+                  - gl.expand_dims(wh, 0)).to(gl.float32)
     for j in range(n_tiles):
         stage = j % STAGES
         mbarrier.wait(bars.index(stage), phase=(j // STAGES) & 1)
@@ -241,7 +249,7 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
                 cur = warpgroup_mma(keys, q_smem.index(i).permute((1, 0)), zero, use_acc=False,
                                     is_async=True)
             else:
-                cur = zero + (j * NEXT_N + i).to(gl.float32)
+                cur = spread + (j * NEXT_N + i).to(gl.float32)
             r = (i + NEXT_N - 1) % NEXT_N
             jp = j if i > 0 else j - 1
             # Always true here (the loop runs only when it is): a branch, which ptxas does not
@@ -253,7 +261,7 @@ def fp8_async_dot_kernel(q_ptr, w_ptr, k_desc, s_desc, table_ptr, table_sb, ctx_
                             _half_scales(s_smem, jp, STAGES, MMA), table_row, num_blocks,
                             out_ptr + (row0 + r).to(gl.int64) * out_sr, tile0, jp, col_lo,
                             col_hi, ctx - NEXT_N + r + 1, MMA, i == 0)
-            else:
+            elif DOTS:
                 kept = gl.maximum(kept, prev)
             if DOTS:
                 prev = warpgroup_mma_wait(num_outstanding=0, deps=(cur, ))
@@ -580,6 +588,7 @@ def compile_only(next_n, stages, flag=False, fmt="fp8", part=0):
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     dots = len(re.findall(r"QGMMA", sass))
     return dict(triton=triton.__version__, format=fmt, next_n=next_n, stages=stages, flag=flag,
+                part=part,
                 registers=int(regs.group(1)), stack=int(regs.group(2)),
                 shared=kernel.metadata.shared,
                 sass=len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, re.M)),

@@ -125,8 +125,8 @@ class TopKSettings(NamedTuple):
     place_warps: int = PLACE_WARPS  # the place kernel's (the count kernel takes PLACE_WARPS)
     # The sample kernel finds its threshold (the same one) by two passes of 8-bit digit
     # counts in shared memory (inline PTX: NVIDIA, one-bit passes, at most 16 bits) instead
-    # of a block-wide sum a bit. About 1 us slower on logits of both signs, 1 us faster on
-    # logits of one sign (BENCHMARKS.md): off.
+    # of a block-wide sum a bit. About 1 us slower on logits of both signs, up to 1.4 us
+    # faster on logits of one sign (BENCHMARKS.md): off.
     shared_sample: bool = False
 
 

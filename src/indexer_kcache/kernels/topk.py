@@ -729,7 +729,7 @@ def shared_threshold_ptx(pack: int) -> str:
     return "\n".join(lines)
 
 
-# (Plain functions above, for tests that run the statements on an emulated block.)
+# (A plain function above, for the tests that run the statement on an emulated block.)
 _shared_threshold_ptx = triton.constexpr_function(shared_threshold_ptx)
 
 
