@@ -625,7 +625,8 @@ def test_sample_threshold_statement_on_an_emulated_block(pack, threads, kind, bi
     """The sample kernel's threshold statement (``shared_threshold_ptx``), its text run on an
     emulated block: the rank-th largest counted key to ``bits`` bits past the bits the
     counted keys share, as ``sample_threshold`` decides it a bit a pass (sampled columns
-    past the row hold key 0 and do not count; NaN's key 0 counts)."""
+    past the row hold key 0 and do not count; NaN's key 0 counts). A second copy of the
+    statement in a kernel (Triton splitting a thread's keys over two) fails to assemble."""
     g = generator(pack * threads + len(kind) + bits)
     size = pack * threads
     x = torch.randn(size, generator=g)
@@ -651,11 +652,14 @@ def test_sample_threshold_statement_on_an_emulated_block(pack, threads, kind, bi
     for rank in sorted({1, max(m // 3, 1), m}):
         want = reference.sample_threshold(counted, rank, bits)
         assert reference.sample_threshold_from_prefix(counted, rank, bits) == want
-        results = Block(seed=rank).run(topk_kernels.shared_threshold_ptx(pack), [
+        emulated = Block(seed=rank)
+        results = emulated.run(topk_kernels.shared_threshold_ptx(pack), [
             [0] * pack + [int(keys[i]) for i in mine] + [int(valid[i]) for i in mine]
             + [rank] * pack + [largest] * pack + [smallest] * pack + [bits] * pack
             for mine in deal], outputs=pack)
         assert {value for out in results for value in out} == {want}, (kind, rank)
+    with pytest.raises(ValueError, match="duplicate definition"):
+        emulated.run(topk_kernels.shared_threshold_ptx(pack), [], outputs=0)
 
 
 def check_pdl_mode(kernels, mode):
