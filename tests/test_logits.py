@@ -337,6 +337,10 @@ def op_call(call: dict, options: dict):
 
 
 VARIANTS = {"rows": VARIANT_ROWS, "stacked": VARIANT_STACKED}
+# (query form, launch form) pairs the interpreter runs natively: bf16 queries in the
+# stacked form only (``test_native_path_arithmetic_under_the_interpreter``).
+NATIVE_FORMS = [(q, variant) for variant in VARIANTS for q in ("e4m3", "e4m3-mx", "mxfp4", "bf16")
+                if not (q == "bf16" and variant == "rows")]
 
 
 def run_native(call: dict, options: dict, variant: int, **changes):
@@ -358,8 +362,8 @@ def run_native(call: dict, options: dict, variant: int, **changes):
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU the native path is the one tested above")
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
-@pytest.mark.parametrize("q_form", ["e4m3", "e4m3-mx", "mxfp4"])
+@pytest.mark.parametrize("q_form, variant", NATIVE_FORMS,
+                         ids=[f"q_{q}-{variant}" for q, variant in NATIVE_FORMS])
 @pytest.mark.parametrize("fmt, layout_name", FORMAT_LAYOUTS, ids=[f"{f}-{n}" for f, n in FORMAT_LAYOUTS])
 def test_native_path_arithmetic_under_the_interpreter(fmt, layout_name, q_form, variant):
     """The tensor-core path's arithmetic, run by the interpreter with integer decoding in
@@ -367,7 +371,8 @@ def test_native_path_arithmetic_under_the_interpreter(fmt, layout_name, q_form, 
     a permuted group order, per-group dots and scales) and stacked (the rows' queries side
     by side in one dot, MXFP4 keys decoded in the dot operand's order with their group
     scales folded in); query scales folded into the queries, key scales after the head sum.
-    (Not bf16 queries: the interpreter's bf16 dot is wrong.)"""
+    (bf16 queries in the stacked form only: the interpreter multiplies bf16 as integer
+    bits, which the stacked form's dots widen first.)"""
     call, options = make_call(fmt, layout_name, q_form, next_n=2, heads=8, seed=21)
     want, bound = expected(call, options)
     assert_close(run_native(call, options, VARIANTS[variant]), want, bound)
@@ -472,6 +477,29 @@ def test_prefolded_queries_score_the_same_bits(fmt, q_form, next_n, heads, rows,
     folded_before = run_native(call, options, VARIANT_STACKED, prefold=True, **settings)
     assert_close(folded_before, want, bound)
     torch.testing.assert_close(folded_before, folded_here, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("next_n", [1, 3], ids=["n1", "n3"])
+@pytest.mark.parametrize("spread", [None, 20, 130], ids=["e4m3-fold", "bf16-fold", "per-group"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-mx"])
+def test_fp8_keys_against_scaled_queries_every_fold(fmt, spread, next_n):
+    """FP8 keys against e4m3 queries with group scales take one of three paths, each within
+    the bound: the queries folded into e4m3 (exponents close), folded into bf16 (one head's
+    exponents ``spread`` apart, too far for e4m3), or scored per group (apart by more than
+    bf16 can shift: the far group's values are below its normal range)."""
+    call, options = make_call(fmt, "row-major", "e4m3-mx", next_n=next_n, heads=5,
+                              block_size=64, num_blocks=6, max_blocks=3, seed=90 + next_n)
+    values, scales = call["q"]
+    exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()
+    if spread is None:
+        exponents[...] = 127
+    else:  # sequence 1 (sequence 0 sees nothing), last row, last head
+        exponents[1, next_n - 1, 4, :] = torch.tensor([140, 140 - spread, 139, 140],
+                                                       dtype=torch.uint8)
+    call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
+    assert int(call["context_lens"][1]) > 0
+    want, bound = expected(call, options)
+    assert_close(run_native(call, options, VARIANT_STACKED), want, bound)
 
 
 def test_settings_fold_mxfp4_queries_ahead_for_one_row_a_program():

@@ -448,6 +448,16 @@ fma.rn.bf16x2 $0, t, c, z;
 
 
 @triton.jit
+def _key_dot(keys, q_op):
+    """``keys @ q_op`` in float32 (the stacked form's dots). The interpreter multiplies
+    bf16 operands as their integer bits: there they are widened first (exact)."""
+    if not _PTX and keys.dtype == tl.bfloat16:
+        return tl.dot(keys.to(tl.float32), q_op.to(tl.float32), input_precision="ieee",
+                      out_dtype=tl.float32)
+    return tl.dot(keys, q_op, out_dtype=tl.float32)
+
+
+@triton.jit
 def _key_operand_v1(codes, Q_FORM: tl.constexpr):
     """``_key_operand`` of the stacked form: e4m3 bytes to bf16 through f16 (one conversion
     a pair, then ``_F16_TO_BF16_PTX``)."""
@@ -919,11 +929,14 @@ def _weights_v1(w_ptr, w_sr, w_sh, b, i0, heads, NEXT_N: tl.constexpr, ROWS: tl.
 @triton.jit
 def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
           NEXT_N: tl.constexpr, ROWS: tl.constexpr, Q_FORM: tl.constexpr, HP: tl.constexpr,
-          RH: tl.constexpr, FOLD: tl.constexpr):
+          RH: tl.constexpr, FOLD: tl.constexpr, FOLD_BF16: tl.constexpr):
     """The stacked query operand ``q^T [128, RH]``, rows ``d`` (dims). Not ``FOLD``: the
     values as the dot takes them (bf16, e4m3, E2M1 as e4m3 times 2**-6), scales not
     applied; returns (operand, 1, 1.0). ``FOLD`` (scaled queries): as ``_q_folded``, each
-    column's largest scale factored out; returns (operand, exact, column factor [RH])."""
+    column's largest scale factored out; returns (operand, exact, column factor [RH]).
+    ``FOLD_BF16``: the folded values as bf16 instead of e4m3, exact unless a column's group
+    exponents lie more than about 117 apart (bf16 has e4m3's and E2M1's significands and
+    float32's exponent range)."""
     r, h, live = _columns(b, i0, heads, NEXT_N, ROWS, HP, RH)
     base = q_ptr + b * q_sb + (i0 + r) * q_si + h * q_sh  # [1, RH]
     dd = d[:, None]
@@ -940,10 +953,18 @@ def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
             x = tl.load(base + dd, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
             x = x.to(tl.float32)
             factor = ue8m0_to_float(top)
-        x = x * pow2(tl.maximum(exponent - top, -64))
-        values = x.to(tl.float8e4nv)
-        exact = tl.min(tl.min(((values.to(tl.float32) == x) | ~live).to(tl.int32), axis=1),
-                       axis=0)
+        if FOLD_BF16:
+            # A shift below float32's normal range is clamped, and then counts as inexact.
+            shift = exponent - top
+            in_range = (shift >= -126) | (x == 0)
+            x = x * pow2(tl.maximum(shift, -126))
+            values = x.to(tl.bfloat16)
+            same = (values.to(tl.float32) == x) & in_range
+        else:
+            x = x * pow2(tl.maximum(exponent - top, -64))
+            values = x.to(tl.float8e4nv)
+            same = values.to(tl.float32) == x
+        exact = tl.min(tl.min((same | ~live).to(tl.int32), axis=1), axis=0)
         return values, exact, tl.reshape(factor, [RH])
     else:
         if Q_FORM == 0:
@@ -1120,7 +1141,7 @@ def _fp4_grouped_acc(words, word, emax, q_op, q_scales, GROUPED_Q: tl.constexpr,
         t_lo = tl.broadcast_to(tl.where(group == g, top_lo, 0), [BLOCK_N, 4])
         t_hi = tl.broadcast_to(tl.where(group == g, top_hi, 0), [BLOCK_N, 4])
         codes = _fp4_operand(words, t_lo, t_hi, BLOCK_N, Q_FORM == 0)
-        part = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+        part = _key_dot(_key_operand_v1(codes, Q_FORM), q_op)
         part = part * _pow2_or_zero(((word >> (8 * g)) & 0xFF) - emax)[:, None]
         if GROUPED_Q:
             part = part * ue8m0_to_float((q_scales >> (8 * g)) & 0xFF)[None, :]
@@ -1136,8 +1157,7 @@ def _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM: tl.constexpr, BLOCK_N: tl.co
     group = tl.arange(0, 128)[None, :] // 32
     acc = tl.zeros([BLOCK_N, RH], dtype=tl.float32)
     for g in range(4):
-        part = tl.dot(_key_operand_v1(tl.where(group == g, codes, 0), Q_FORM), q_op,
-                      out_dtype=tl.float32)
+        part = _key_dot(_key_operand_v1(tl.where(group == g, codes, 0), Q_FORM), q_op)
         acc += part * ue8m0_to_float((q_scales >> (8 * g)) & 0xFF)[None, :]
     return acc
 
@@ -1177,7 +1197,7 @@ def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
             t_lo = tl.where(exact, t_lo, _E4M3_NAN_WORD)
             t_hi = tl.where(exact, t_hi, _E4M3_NAN_WORD)
             operand = _key_operand_v1(_fp4_operand(words, t_lo, t_hi, BLOCK_N, False), Q_FORM)
-            acc = tl.dot(operand, q_op, out_dtype=tl.float32)
+            acc = _key_dot(operand, q_op)
             # 2**(ref - 127), ref in [1, 254]: a normal float32.
             key_factor = (tl.full([BLOCK_N], 0, tl.int32) + (ref << 23)).to(tl.float32,
                                                                            bitcast=True)
@@ -1199,13 +1219,13 @@ def _tile_scores(tile, q_op, w, q_scales, ref, USE_FP4: tl.constexpr,
                 t_lo, t_hi = _fp4_tables(e - emax[:, None] + FP4_FOLD_TOP)
                 operand = _key_operand_v1(_fp4_operand(words, t_lo, t_hi, BLOCK_N, False),
                                           Q_FORM)
-            acc = tl.dot(operand, q_op, out_dtype=tl.float32)
+            acc = _key_dot(operand, q_op)
     else:
         t, read_hi, key_factor, codes = tile
         if GROUPED_Q:
             acc = _fp8_grouped_acc(codes, q_op, q_scales, Q_FORM, BLOCK_N, RH)
         else:
-            acc = tl.dot(_key_operand_v1(codes, Q_FORM), q_op, out_dtype=tl.float32)
+            acc = _key_dot(_key_operand_v1(codes, Q_FORM), q_op)
     if RELU_BY_ABS and not GROUPED and not GROUPED_Q:
         # (x + |x|) w = 2 relu(x) w for the finite x of one unscaled dot, the 2 taken back
         # with the key's factor: the same logits unless a term is subnormal. An add
@@ -1308,7 +1328,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                  WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr,
                  RELU_BY_ABS: tl.constexpr):
     """The program's rows scored one at a time per 32-dim group, exact for every input:
-    MXFP4 keys per key group; scaled queries folded (``FOLD_Q``) or per query group.
+    MXFP4 keys per key group; scaled queries folded (``FOLD_Q``), against FP8 keys folded
+    into bf16 where that is exact, or else per query group.
     One row at a time keeps the per-group partial sums few. Each row is written over the
     program's range ``[col_lo, hi)`` (-inf past its own limit), as in the stacked form."""
     # Folded queries are unscaled e4m3 values.
@@ -1319,23 +1340,38 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
         w = _weights_v1(w_ptr, w_sr, w_sh, b, i, heads, NEXT_N, 1, HP, HP, W_BF16) * w_fold
         if Q_FORM < 2 or FOLD_Q:
             q_op, _, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads,
-                                    d, NEXT_N, 1, Q_FORM, HP, HP, Q_FORM >= 2)
+                                    d, NEXT_N, 1, Q_FORM, HP, HP, Q_FORM >= 2, False)
             _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
                      row_base + r, col_lo, hi, col_hi, q_op, w * factor, 0, 0, limit, valid,
                      FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
                      WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
         else:
-            q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads, d,
-                               NEXT_N, 1, Q_FORM, HP, HP, False)
-            if Q_FORM == 3:
-                w = w * 64.0  # E2M1 values as e4m3 bytes are 2**-6 of themselves
-            q_scales = _q_scale_words(qs_ptr, qs_sb, qs_si, b, i, heads, NEXT_N, 1, HP, HP)
-            _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                     row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, 0, limit, valid,
-                     Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                     BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, True, 1, HP,
-                     WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
+            if not USE_FP4:
+                # FP8 keys: the row folded into bf16 instead, one bf16 dot a tile (twice an
+                # e4m3 dot's time, against four masked dots a tile per group).
+                q_bf16, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si,
+                                              b, i, heads, d, NEXT_N, 1, Q_FORM, HP, HP, True,
+                                              True)
+            else:
+                exact = 0  # (a constant: the branch below is not compiled)
+            if exact != 0:
+                _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
+                         row_base + r, col_lo, hi, col_hi, q_bf16, w * factor, 0, 0, limit,
+                         valid, 0, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
+                         BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False, 1,
+                         HP, WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
+            else:
+                q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads,
+                                   d, NEXT_N, 1, Q_FORM, HP, HP, False, False)
+                if Q_FORM == 3:
+                    w = w * 64.0  # E2M1 values as e4m3 bytes are 2**-6 of themselves
+                q_scales = _q_scale_words(qs_ptr, qs_sb, qs_si, b, i, heads, NEXT_N, 1, HP, HP)
+                _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
+                         row_base + r, col_lo, hi, col_hi, q_op, w, q_scales, 0, limit, valid,
+                         Q_FORM, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE,
+                         SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS,
+                         USE_FP4, True, 1, HP, WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
 
 
 @triton.constexpr_function
@@ -1402,7 +1438,7 @@ def fold_queries_kernel(
     p = tl.arange(0, 128)
     d = _fp4_dim(p, False) if USE_FP4 else p
     values, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads,
-                                  d, NEXT_N, ROWS, Q_FORM, HP, RH, True)
+                                  d, NEXT_N, ROWS, Q_FORM, HP, RH, True, False)
     values_at, factors_at, exact_at = _folded_pointers(fold_ptr, pid, RH)
     tl.store(values_at, values.to(tl.uint8, bitcast=True))
     tl.store(factors_at, factor)
@@ -1459,7 +1495,7 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
         q_op, exact, factor = _load_folded(fold_ptr, fold_index, RH)
     else:
         q_op, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads,
-                                    d, NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2)
+                                    d, NEXT_N, ROWS, Q_FORM, HP, RH, Q_FORM >= 2, False)
     w = w * factor
     if exact != 0:
         nan_seen = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
