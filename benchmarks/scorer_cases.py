@@ -37,10 +37,12 @@ TILE_BOUNDS = [("fp8", "e4m3", b, ctx, n) for b, ctx, n in (
         ("mxfp4", "e4m3", b, ctx, 1) for b, ctx in ((8, 32768), (64, 8192), (64, 32768))] + [
         ("mxfp4", "mxfp4", 64, 32768, 1)]
 # FP8 keys against e4m3 queries with group scales whose exponents (the bench's: 121 to
-# 130) lie too far apart for the e4m3 fold; bf16 and e4m3 queries as controls.
+# 130) lie too far apart for the e4m3 fold; bf16 and e4m3 queries as controls, and MXFP4
+# keys against the same queries (scored per group).
 SCALED_QUERIES = [(fmt, "e4m3-mx", b, ctx, n) for fmt in ("fp8-mx", "fp8") for b, ctx, n in (
     (1, 4096, 1), (8, 32768, 1), (64, 32768, 1), (64, 8192, 4))] + [
-        ("fp8-mx", "bf16", 64, 32768, 1), ("fp8", "e4m3", 64, 32768, 1)]
+        ("fp8-mx", "bf16", 64, 32768, 1), ("fp8", "e4m3", 64, 32768, 1),
+        ("mxfp4", "e4m3-mx", 64, 32768, 1)]
 SETS = {"bf16-decode": BF16_DECODE, "program-fold": PROGRAM_FOLD,
         "store-in-place": STORE_IN_PLACE, "tile-bounds": TILE_BOUNDS,
         "scaled-queries": SCALED_QUERIES}

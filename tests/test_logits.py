@@ -479,14 +479,22 @@ def test_prefolded_queries_score_the_same_bits(fmt, q_form, next_n, heads, rows,
     torch.testing.assert_close(folded_before, folded_here, rtol=0, atol=0, equal_nan=True)
 
 
+SCALED_QUERY_PATHS = [("fp8", None), ("fp8", 20), ("fp8", 130), ("fp8-mx", 20),
+                      ("fp8-mx", 130), ("mxfp4", None), ("mxfp4", 20), ("mxfp4", 130),
+                      ("mxfp4", "key-span")]
+SPREAD_NAMES = {None: "e4m3-fold", 20: "bf16-fold", 130: "per-group"}
+
+
 @pytest.mark.parametrize("next_n", [1, 3], ids=["n1", "n3"])
-@pytest.mark.parametrize("spread", [None, 20, 130], ids=["e4m3-fold", "bf16-fold", "per-group"])
-@pytest.mark.parametrize("fmt", ["fp8", "fp8-mx"])
-def test_fp8_keys_against_scaled_queries_every_fold(fmt, spread, next_n):
-    """FP8 keys against e4m3 queries with group scales take one of three paths, each within
-    the bound: the queries folded into e4m3 (exponents close), folded into bf16 (one head's
-    exponents ``spread`` apart, too far for e4m3), or scored per group (apart by more than
-    bf16 can shift: the far group's values are below its normal range)."""
+@pytest.mark.parametrize("fmt, spread", SCALED_QUERY_PATHS,
+                         ids=[f"{f}-{SPREAD_NAMES.get(s, s)}" for f, s in SCALED_QUERY_PATHS])
+def test_scaled_queries_every_fold(fmt, spread, next_n):
+    """e4m3 queries with group scales take one of three paths, each within the bound: the
+    queries folded into e4m3 (exponents close), folded into bf16 (one head's exponents
+    ``spread`` apart, too far for e4m3), or scored per group (apart by more than bf16 can
+    shift: the far group's values fall below its range). MXFP4 keys against bf16-folded
+    queries are decoded to bf16 per key; a key whose group exponents lie too far apart for
+    that (``key-span``) sends the row to the per-group path too."""
     call, options = make_call(fmt, "row-major", "e4m3-mx", next_n=next_n, heads=5,
                               block_size=64, num_blocks=6, max_blocks=3, seed=90 + next_n)
     values, scales = call["q"]
@@ -494,10 +502,19 @@ def test_fp8_keys_against_scaled_queries_every_fold(fmt, spread, next_n):
     if spread is None:
         exponents[...] = 127
     else:  # sequence 1 (sequence 0 sees nothing), last row, last head
-        exponents[1, next_n - 1, 4, :] = torch.tensor([140, 140 - spread, 139, 140],
+        apart = 20 if spread == "key-span" else spread
+        exponents[1, next_n - 1, 4, :] = torch.tensor([140, 140 - apart, 139, 140],
                                                        dtype=torch.uint8)
     call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
-    assert int(call["context_lens"][1]) > 0
+    assert int(call["context_lens"][1]) > 1
+    if spread == "key-span":  # sequence 1's position 1: exponents 160 and 160 - BF16_FOLD_SPAN
+        cache = call["k_cache"].clone()
+        block = int(call["block_table"][1, 0])
+        _, scale_at = oracle.offsets(1, cache.shape[1], True, False, 0)
+        page = cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+        for at, byte in zip(scale_at, (160, 160 - BF16_FOLD_SPAN.value, 159, 160), strict=True):
+            page[block, at] = byte
+        call["k_cache"] = cache
     want, bound = expected(call, options)
     assert_close(run_native(call, options, VARIANT_STACKED), want, bound)
 
@@ -643,7 +660,7 @@ def test_settings_fold_per_program_for_long_mxfp4_programs():
                          ids=["fp8-q_e4m3-mx", "mxfp4-q_mxfp4", "mxfp4-q_e4m3-mx"])
 def test_scaled_queries_that_do_not_fold(fmt, q_form, variant):
     """Query group exponents 40 binades apart in a head: no e4m3 holds both ends, so the
-    program scores per query group (and per key group for MXFP4 keys)."""
+    program scores that head's row again with its queries folded into bf16."""
     call, options = make_call(fmt, "row-major", q_form, next_n=2, heads=8, seed=50)
     values, scales = call["q"]
     exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()

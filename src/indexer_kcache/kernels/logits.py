@@ -1328,8 +1328,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                  WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr,
                  RELU_BY_ABS: tl.constexpr):
     """The program's rows scored one at a time per 32-dim group, exact for every input:
-    MXFP4 keys per key group; scaled queries folded (``FOLD_Q``), against FP8 keys folded
-    into bf16 where that is exact, or else per query group.
+    MXFP4 keys per key group; scaled queries folded (``FOLD_Q``), or folded into bf16
+    where that is exact, or else per query group.
     One row at a time keeps the per-group partial sums few. Each row is written over the
     program's range ``[col_lo, hi)`` (-inf past its own limit), as in the stacked form."""
     # Folded queries are unscaled e4m3 values.
@@ -1347,21 +1347,25 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, USE_FP4, False, 1, HP,
                      WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
         else:
-            if not USE_FP4:
-                # FP8 keys: the row folded into bf16 instead, one bf16 dot a tile (twice an
-                # e4m3 dot's time, against four masked dots a tile per group).
-                q_bf16, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si,
-                                              b, i, heads, d, NEXT_N, 1, Q_FORM, HP, HP, True,
-                                              True)
+            # Scaled queries the e4m3 fold cannot take exactly: folded into bf16 instead
+            # (exact unless a head's group exponents lie too far apart for bf16), one bf16
+            # dot a tile, MXFP4 keys decoded to bf16 (a key whose group exponents lie too far
+            # apart scores NaN); the row is scored per group where either fails.
+            if USE_FP4:
+                d_bf16 = _fp4_dim(tl.arange(0, 128), True)  # the bf16 operand's order
             else:
-                exact = 0  # (a constant: the branch below is not compiled)
+                d_bf16 = d
+            q_bf16, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i,
+                                          heads, d_bf16, NEXT_N, 1, Q_FORM, HP, HP, True, True)
+            failed = tl.full([], 1.0, tl.float32)
             if exact != 0:
-                _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr,
-                         row_base + r, col_lo, hi, col_hi, q_bf16, w * factor, 0, 0, limit,
-                         valid, 0, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE, D_PER_TILE, SCALE_LANES,
-                         BLOCK_SIZE, BLOCK_N, NUM_STAGES, CLEAN, SCALE_WORDS, False, False, 1,
-                         HP, WARPS, HAS_BLOCKS, RELU_BY_ABS, False)
-            else:
+                failed = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr,
+                                  out_sr, row_base + r, col_lo, hi, col_hi, q_bf16, w * factor,
+                                  0, 0, limit, valid, 0, USE_FP4, MX_SCALES, LAYOUT, N_PER_TILE,
+                                  D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N, NUM_STAGES,
+                                  CLEAN, SCALE_WORDS, False, False, 1, HP, WARPS, HAS_BLOCKS,
+                                  False, False)
+            if failed != 0:
                 q_op, _, _ = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i, heads,
                                    d, NEXT_N, 1, Q_FORM, HP, HP, False, False)
                 if Q_FORM == 3:
