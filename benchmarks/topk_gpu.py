@@ -18,9 +18,11 @@ Candidate settings: ``default`` is ``topk_settings``' choice; the others change 
 of it (``sampled``: short rows through the sample and filter kernels; ``direct``: rows up
 to 8192 columns ranked whole; ``select-kernel``/``count-and-place``: the candidates
 counted into their buckets and placed by the other kernels than the default's;
-``place-<part>-w<warps>``: the count and place kernels at other sizes; ``shared-sample``:
-the sample's threshold by digit counts in shared memory; ``sample-x2``/``-x4``: a sample
-two or four times larger).
+``place-<part>-w<warps>``: the count and place kernels at other sizes; ``shared-slots``
+/ ``global-slots``: the select kernel counting its pairs into their buckets in shared
+memory / in device memory, whichever the default does not; ``shared-sample``: the
+sample's threshold by digit counts in shared memory;
+``sample-x2``/``-x4``: a sample two or four times larger).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
 "bytes", ...}``) and ``topk_gpu.txt`` to ``$OUT`` when it is set; prints a table last.
@@ -89,7 +91,8 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
     if base.splits == 0:
         sampled = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                      direct_max_cols=0)._asdict()
-        variants = [("sampled", sampled), ("direct-w8", dict(select_warps=8)),
+        variants = [("shared-slots", dict(shared_slots=True)),  # (rows read whole: off)
+                    ("sampled", sampled), ("direct-w8", dict(select_warps=8)),
                     ("select-w32", dict(select_warps=32)), ("select-reg64", dict(max_registers=64))]
     else:
         def filter_(step, steps, warps=base.filter_warps):
@@ -102,8 +105,14 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         # The other placement, with its own sample and block.
         other = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                    count_and_place=not base.place_part)._asdict()
+        # The select kernel counting in shared memory or not, whichever the default does
+        # not, on the default's sample and block, or on its own where the default counts
+        # and places.
+        select = other if base.place_part else {}
         variants = [
-            ("shared-sample", dict(shared_sample=True)),
+            ("shared-slots", dict(select, shared_slots=True)) if base.place_part
+            else ("global-slots", dict(shared_slots=False)),
+            ("shared-sample", dict(shared_sample=True)),  # on the default's placement
             ("select-kernel" if base.place_part else "count-and-place", other),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),
         ]
@@ -141,6 +150,12 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
             if base.sample_block * times <= topk.MAX_SAMPLE:
                 variants.append((f"sample-x{times}",
                                  dict(sample_block=base.sample_block * times)))
+    # (Where the select kernel cannot use shared memory, a variant asking it to would time
+    # the plain select kernel under its label: left out.)
+    variants = [(label, change) for label, change in variants
+                if not change.get("shared_slots")
+                or topk.shared_slots_fit(change.get("block", base.block),
+                                         change.get("select_warps", base.select_warps))]
     if quick:
         variants = variants[:2]
     for label, change in variants:

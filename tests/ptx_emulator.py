@@ -1,12 +1,13 @@
-"""Runs the top-k's shared-memory PTX statement (the sample's threshold) on the CPU,
-thread by thread, so that its text (not a rewrite of it) is checked where no GPU is.
-Passing here is necessary, not sufficient: a statement that passed here once failed on
-the GPU (BENCHMARKS.md, "Counting, ranking and sampling in shared memory").
+"""Runs the top-k's shared-memory PTX statements (the select kernel's slots, the sample's
+threshold) on the CPU, thread by thread, so that their text (not a rewrite of it) is
+checked where no GPU is. Passing here is necessary, not sufficient: a statement that
+passed here once failed on the GPU (BENCHMARKS.md, "Counting, ranking and sampling in
+shared memory").
 
-It knows only the instructions the statement uses: 32-bit ``mov`` (also of
+It knows only the instructions those statements use: 32-bit ``mov`` (also of
 ``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``, ``mad.lo``, ``and``, ``or``,
 ``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as in PTX), ``clz``, unsigned
-``setp`` (with ``.and``/``.or``), ``selp``, ``ld``/``st``/``red.shared`` (32-bit), ``popc``,
+``setp`` (with ``.and``/``.or``), ``selp``, ``ld``/``st``/``red``/``atom.shared`` (32-bit), ``popc``,
 ``match.any.sync`` (over each 32 threads, ``%lanemask_lt``), ``bra``, labels, predicates
 (``@p``, ``@!p``) and ``bar.sync``;
 ``.reg`` and ``.shared`` declarations. A CTA's threads run one at a time in a
@@ -218,5 +219,10 @@ class _Thread:
             elif opcode == "red.shared.add.u32":
                 address = self.address(ops[0])
                 self.block.store(address, self.block.load(address) + self.value(ops[1]))
+            elif opcode == "atom.shared.add.u32":
+                address = self.address(ops[1])
+                old = self.block.load(address)
+                self.block.store(address, old + self.value(ops[2]))
+                self.set(ops[0], old)
             else:
                 raise NotImplementedError(f"PTX {opcode}")

@@ -548,6 +548,11 @@ store = dict(k_pre_ptr="*bf16", k_pre_row_stride="i32", positions_ptr="*i64",
 """
 
 _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -556,6 +561,12 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
 
     SM90, SM100, GFX942 = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 100, 32), GPUTarget(
         "hip", "gfx942", 64)
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+    def cubin(kernel):
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        return f.name
 
     def compile_(kernel, signature, constexprs, target, **options):
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
@@ -679,9 +690,26 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
         candidates = dict(cand_ptr="*i64", cand_count_ptr="*i32", capacity="i32")
         placed = dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
                       out_row_stride="i32")
-        compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", **candidates, **placed),
-                 dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BLOCK=4096,
-                      STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=pdl), target, num_warps=8)
+        # On NVIDIA, counting in shared memory (inline PTX): one statement a thread, whose
+        # sixteen pairs (4096 over 8 warps) are sixteen atomic adds.
+        nvidia = target.backend == "cuda"
+        for shared in (False, True) if nvidia else (False,):
+            kernel = compile_(topk_select_kernel,
+                              dict(rows, k="i32", low_skip="i32", **candidates, **placed),
+                              dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True,
+                                   BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8,
+                                   SHARED_SLOTS=shared, USE_PDL=pdl), target, num_warps=8)
+            ptx = kernel.asm["ptx"] if shared else ""
+            if shared and (ptx.count(".b8 topk_shared[") != 1
+                           or ptx.count("@p atom.shared.add.u32") != 16):
+                raise AssertionError(f"{target}: the shared-memory statement was copied")
+            if shared:  # its static shared array and Triton's own within 48 KiB a block
+                usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"),
+                                        "--dump-resource-usage", cubin(kernel)],
+                                       capture_output=True, text=True, check=True).stdout
+                static = int(re.search(r"SHARED:([0-9]+)", usage).group(1))
+                if static + kernel.metadata.shared > 48 * 1024:
+                    raise AssertionError(f"{target}: {static} + {kernel.metadata.shared} bytes")
         compile_(topk_count_kernel, dict(rows, k="i32", low_skip="i32", threshold_ptr="*i32",
                                          **candidates, cand_slot_ptr="*i32", counts_ptr="*i32",
                                          meta_ptr="*i64"),
@@ -723,10 +751,11 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
              GFX950, num_warps=4, num_stages=2)
     compile_(indexer_k_store_kernel, store, dict(base, **aiter, EXACT_CASTS=True, USE_PDL=False),
              GFX950, num_warps=2)
-    for target in (SM120, GFX950):
+    for target, shared in ((SM120, True), (GFX950, False)):
         compile_(topk_select_kernel, dict(rows, k="i32", low_skip="i32", **candidates, **placed),
                  dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True, BLOCK=4096,
-                      STREAM_BLOCK=4096, RADIX_BITS=8, USE_PDL=0), target, num_warps=16)
+                      STREAM_BLOCK=4096, RADIX_BITS=8, SHARED_SLOTS=shared, USE_PDL=0),
+                 target, num_warps=16)
     print("compiled")
 """)
 

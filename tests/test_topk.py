@@ -617,6 +617,86 @@ def test_dependent_launch_modes_reach_the_launches(monkeypatch, mode):
         check_pdl_mode([launch for launch in launches if callable(launch)], mode)
 
 
+@pytest.mark.parametrize("block, warps, fits", [(4096, 16, True), (4096, 8, True),
+                                                 (128, 4, True), (8192, 16, False),
+                                                 (64, 4, False)])
+def test_shared_memory_settings_reach_the_select_kernel_on_nvidia_only(monkeypatch, block,
+                                                                       warps, fits):
+    """``shared_slots`` makes the select kernel count in shared memory (``SHARED_SLOTS``) on
+    an NVIDIA GPU where the block fits (a whole number of pairs a thread, at most
+    ``SHARED_SLOTS_MAX_BLOCK``); never here. The settings take it where the select kernel
+    orders a row's candidates, not where the count and place kernels do, nor for rows read
+    whole."""
+    assert topk.shared_slots_fit(block, warps) == fits
+    assert topk.topk_settings(512, 8192, 2048, interpreted=False).shared_slots
+    assert not topk.topk_settings(1, 131072, 2048, interpreted=False).shared_slots  # placed
+    assert not topk.topk_settings(8, 1000, 64, interpreted=False).shared_slots  # read whole
+    logits = torch.randn(2, 9000)
+    plan = plan_of(logits, 64)
+    settings = topk.topk_settings(2, 9000, 64, interpreted=False)._replace(
+        place_part=0, block=block, select_warps=warps, shared_slots=False)
+    slots = settings._replace(shared_slots=True)
+
+    def mode(plan, settings):
+        return topk._launches(plan, settings).select.state.fixed["SHARED_SLOTS"]
+
+    assert not mode(plan, settings) and not mode(plan, slots)
+    monkeypatch.setattr(topk.checks, "nvidia_capability", lambda device: (9, 0))
+    gpu_plan = dataclasses.replace(plan, device=torch.device("cuda", 0), launches={})
+    assert not mode(gpu_plan, settings)
+    assert mode(gpu_plan, slots) == fits
+
+
+def emulated_pairs(kind: str, block: int, g: torch.Generator) -> tuple[list[int], list[bool]]:
+    """``block`` pairs (unsigned 64-bit: key high, ~column low) and which are valid."""
+    valid = (torch.rand(block, generator=g) < 0.8).tolist()
+    if kind == "none-valid":
+        valid = [False] * block
+    if kind == "crowded":  # few keys: long runs in a bucket, ties broken by the column
+        keys = torch.randint(0x80000000, 0x80000004, (block,), generator=g)
+    elif kind == "outlier":  # one pair far above the rest: the others share a few buckets
+        keys = torch.randint(0x80000000, 0x80000100, (block,), generator=g)
+        keys[0] = 0xFFFF0000
+        valid[0] = True
+    else:
+        keys = torch.randint(0, 2**32, (block,), generator=g)
+    columns = torch.randperm(block, generator=g)
+    return [int(k) << 32 | (~int(c) & 0xFFFFFFFF) for k, c in zip(keys, columns, strict=True)], valid
+
+
+@pytest.mark.parametrize("kind", ["random", "crowded", "outlier", "none-valid"])
+@pytest.mark.parametrize("pack, threads", [(1, 8), (2, 4), (8, 4), (1, 96)])
+def test_shared_memory_statements_on_an_emulated_block(pack, threads, kind):
+    """The select kernel's slots statement (``shared_slots_ptx``), its text run on an
+    emulated block (``ptx_emulator``) with the pairs dealt to the threads in a random
+    order, as any Triton layout deals them: the counts are the buckets', each bucket's
+    slots its pairs' places. A second copy of the statement fails to assemble."""
+    block = pack * threads
+    g = generator(block + len(kind))
+    pairs, valid = emulated_pairs(kind, block, g)
+    live = [p for p, v in zip(pairs, valid, strict=True) if v]
+    top = max(live, default=0)
+    bottom = min(live, default=0)
+    shift = next(s for s in range(65) if (top - bottom) >> s < block)
+    bucket = [min((top - p) >> shift, block - 1) if v else 0 for p, v in zip(pairs, valid, strict=True)]
+    deal = torch.randperm(block, generator=g).view(threads, pack).tolist()
+    emulated = Block(seed=block)
+    slots_text = topk_kernels.shared_slots_ptx(pack, 8 * block + 16)
+    results = emulated.run(slots_text, [
+        [0] * 2 * pack + [bucket[i] for i in mine] + mine + [int(valid[i]) for i in mine]
+        for mine in deal], outputs=2 * pack)
+    slot, count = [0] * block, [0] * block
+    for mine, out in zip(deal, results, strict=True):
+        for e, i in enumerate(mine):
+            slot[i], count[i] = out[e], out[pack + e]
+    assert count == [sum(1 for b, v in zip(bucket, valid, strict=True) if v and b == x) for x in range(block)]
+    for x in range(block):
+        assert sorted(slot[i] for i in range(block) if valid[i] and bucket[i] == x) == list(
+            range(count[x]))
+    with pytest.raises(ValueError, match="duplicate definition"):
+        emulated.run(slots_text, [], outputs=0)
+
+
 @pytest.mark.parametrize("bits", [16, 15, 12])
 @pytest.mark.parametrize("kind", ["normal", "offset", "one-sign", "nan", "few-values",
                                   "narrow", "all-equal"])
@@ -845,6 +925,28 @@ def test_warp_append_filter_on_odd_rows(placement, kind, dtype, split_steps):
     if kind != "few-distinct":  # (ties at the threshold may overflow the buffer: exact anyway)
         assert usable(buffers, settings, torch.tensor([k, k, k])).all()
     check(logits, k, random_lengths(3, cols, g), settings)
+
+
+# (rows, cols, k): rows read whole at blocks of 128 to 4096 pairs (one to eight a
+# thread), candidates of long rows at 16 and 8 warps (eight and sixteen a thread).
+SHARED_SLOTS_SHAPES = [(3, 100, 64), (5, 1000, 300), (4, 4096, 2048), (512, 8192, 2048),
+                       (128, 8192, 2048), (64, 65536, 2048)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["normal", "few-distinct", "all-equal", "specials"])
+@pytest.mark.parametrize("rows, cols, k", SHARED_SLOTS_SHAPES,
+                         ids=[f"{r}x{c}-k{k}" for r, c, k in SHARED_SLOTS_SHAPES])
+def test_select_kernel_counting_in_shared_memory(rows, cols, k, kind):
+    """``shared_slots``: the select kernel's bucket counts and slots from atomic adds on
+    shared memory (inline PTX) give the reference's indices, crowded buckets (few distinct
+    values, all equal) and ragged lengths included."""
+    settings = topk.topk_settings(rows, cols, k)._replace(place_part=0, shared_slots=True)
+    assert topk.shared_slots_fit(settings.block, settings.select_warps)
+    logits = make_logits(kind, rows, cols, torch.float32, seed=rows + cols + k)
+    assert launches_of(logits, k, settings).select.state.fixed["SHARED_SLOTS"]
+    for lengths in (None, random_lengths(rows, cols, generator(cols))):
+        check(logits, k, lengths, settings)
 
 
 @pytest.mark.gpu

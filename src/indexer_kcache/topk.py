@@ -90,6 +90,10 @@ RANK_WIDTH = 4  # bucket members compared per step
 PLACE_PART = 512
 PLACE_MAX_ROWS = 64
 PLACE_WARPS = 4
+# The select kernel's shared counters (4 bytes a bucket) are static shared memory beside
+# what Triton allocates (as many bytes again at these blocks): within the 48 KiB a launch
+# may take without opting in to more.
+SHARED_SLOTS_MAX_BLOCK = 4096
 # The next kernel launched early while the filter's programs leave SMs free (an early
 # launched kernel's programs hold SM room while they wait), else as the programs exit;
 # measured in BENCHMARKS.md.
@@ -123,6 +127,12 @@ class TopKSettings(NamedTuple):
     # of the select kernel (one program a row); 0: the select kernel (with splits only).
     place_part: int = 0
     place_warps: int = PLACE_WARPS  # the place kernel's (the count kernel takes PLACE_WARPS)
+    # The select kernel counts its pairs into their buckets by atomic adds on shared memory
+    # (inline PTX: NVIDIA, blocks of at most SHARED_SLOTS_MAX_BLOCK pairs, a whole number a
+    # thread) instead of on its row of ``counts`` in device memory. On where it orders a
+    # row's candidates (measured 7 to 15 % faster there; BENCHMARKS.md), off for rows
+    # read whole (not timed).
+    shared_slots: bool = False
     # The sample kernel finds its threshold (the same one) by two passes of 8-bit digit
     # counts in shared memory (inline PTX: NVIDIA, one-bit passes, at most 16 bits) instead
     # of a block-wide sum a bit. About 1 us slower on logits of both signs, up to 1.4 us
@@ -210,7 +220,8 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
                         split_steps=steps,
                         pdl=PDL_EARLY if rows * splits <= PDL_MAX_PROGRAMS else PDL_AT_EXIT,
                         place_part=min(PLACE_PART, block) if placed else 0,
-                        place_warps=min(max(block // 1024, PLACE_WARPS), 16))
+                        place_warps=min(max(block // 1024, PLACE_WARPS), 16),
+                        shared_slots=not placed)
 
 
 def expected_candidates(cols: int, k: int, sample: int) -> int:
@@ -332,13 +343,15 @@ def _launches(plan: TopKPlan, s: TopKSettings) -> TopKLaunches:
                                     cols=cols, HAS_LENGTHS=plan.has_lengths, USE_PDL=pdl, k=k,
                                     capacity=s.block, out_row_stride=plan.out_row_stride,
                                     BLOCK=s.block, PART=s.place_part)
+    shared = not counted and nvidia and shared_slots_fit(s.block, s.select_warps)
     select = None if counted else SELECT_KERNEL.launch(
         plan.device, num_warps=s.select_warps,
         options=checks.nvidia_options(nvidia, pdl != PDL_NONE, s.max_registers) or None,
         **common, k=k,
         low_skip=low_skip,
         capacity=s.block, out_row_stride=plan.out_row_stride, FROM_CANDIDATES=s.splits > 0,
-        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits)
+        BLOCK=s.block, STREAM_BLOCK=s.stream_block, RADIX_BITS=s.radix_bits,
+        SHARED_SLOTS=shared and s.shared_slots)
     rank = RANK_KERNEL.launch(
         plan.device, num_warps=4, options=options, out_row_stride=plan.out_row_stride,
         BLOCK=s.block, CHUNK=rank_chunk(s), WIDTH=s.width, USE_PDL=pdl)
@@ -353,6 +366,13 @@ def sample_stride(cols: int, sample_block: int) -> int:
     (a whole number of chunks apart)."""
     stride = -(-cols // (sample_block // SAMPLE_CHUNK))
     return max(-(-stride // SAMPLE_CHUNK) * SAMPLE_CHUNK, SAMPLE_CHUNK)
+
+
+def shared_slots_fit(block: int, warps: int) -> bool:
+    """Whether the select kernel can count ``block`` pairs in shared memory at ``warps``:
+    a whole number of pairs a thread (one PTX statement each) and counters within
+    ``SHARED_SLOTS_MAX_BLOCK``."""
+    return block % (32 * warps) == 0 and block <= SHARED_SLOTS_MAX_BLOCK
 
 
 def rank_chunk(s: TopKSettings) -> int:

@@ -615,22 +615,61 @@ def _buckets(pair, valid, BLOCK: tl.constexpr):
 
 @triton.jit
 def _place(pair, valid, want, counts_row_ptr, sorted_row_ptr, meta_row_ptr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, SHARED_SLOTS: tl.constexpr):
     """Writes the ``valid`` pairs of ``pair`` (uint64 ``[BLOCK]``) to ``sorted_row`` (int64
     ``[BLOCK]``) bucket by bucket, over ``BLOCK`` buckets from the largest pair to the
-    smallest, counted here by atomic adds on ``counts_row`` (``_write_placed`` does the
-    rest)."""
+    smallest, counted here by atomic adds (``_write_placed`` does the rest): in shared
+    memory with ``SHARED_SLOTS`` (``_shared_slots``), else on ``counts_row``."""
     top, shift, bucket = _buckets(pair, valid, BLOCK)
     bins = tl.arange(0, BLOCK)
-    tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
-    tl.debug_barrier()
-    # The old count is the pair's slot in its bucket (atomics give every pair its own).
-    slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32),
-                         mask=valid, sem="relaxed")
-    tl.debug_barrier()
-    count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
+    if SHARED_SLOTS:
+        slot, count = _shared_slots(bucket, bins, valid, BLOCK, 4 * BLOCK)
+        tl.store(counts_row_ptr + bins, count)  # for the rank kernel
+    else:
+        tl.store(counts_row_ptr + bins, tl.zeros([BLOCK], tl.int32))
+        tl.debug_barrier()
+        # The old count is the pair's slot in its bucket (atomics give every pair its own).
+        slot = tl.atomic_add(counts_row_ptr + bucket, tl.full([BLOCK], 1, tl.int32),
+                             mask=valid, sem="relaxed")
+        tl.debug_barrier()
+        count = tl.load(counts_row_ptr + bins, cache_modifier=".cg")
     _write_placed(pair, valid, bucket, slot, count, top, shift, want, counts_row_ptr,
                   sorted_row_ptr, meta_row_ptr, BLOCK)
+
+
+# The select kernel's shared array (inline PTX): declared once at function scope by the
+# slots statement. A second copy of the declaration (Triton splitting a thread's elements
+# over two statements) fails to assemble instead of counting twice.
+SHARED_ARRAY = "topk_shared"
+
+
+def shared_slots_ptx(pack: int, array_bytes: int) -> str:
+    """PTX of ``_shared_slots`` for ``pack`` elements a thread, counting into the first 4
+    bytes a bucket of an ``array_bytes`` shared array it declares (a counter for each
+    index of ``bins``).
+
+    Operands: ``pack`` slots and ``pack`` counts (results), then ``pack`` each of: the
+    elements' buckets, their indices (``bins``), whether they count. The counters are
+    static shared memory of the kernel's own, which no Triton operation touches: zeroed
+    through ``bins`` (every counter is some thread's element), a barrier, one shared atomic
+    add per counted element (the old value is its slot), a barrier, each element's
+    counter read back through ``bins``, and a barrier before anything writes there
+    again."""
+    slot, count, bucket, index, take = (pack * i for i in range(5))
+    lines = [f".shared .align 16 .b8 {SHARED_ARRAY}[{array_bytes}];", "{",
+             ".reg .pred p;", ".reg .b32 base, address;", f"mov.u32 base, {SHARED_ARRAY};"]
+    for e in range(pack):
+        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;", "st.shared.u32 [address], 0;"]
+    lines.append("bar.sync 0;")
+    for e in range(pack):
+        lines += [f"setp.ne.u32 p, ${take + e}, 0;", f"mad.lo.u32 address, ${bucket + e}, 4, base;",
+                  f"mov.u32 ${slot + e}, 0;", f"@p atom.shared.add.u32 ${slot + e}, [address], 1;"]
+    lines.append("bar.sync 0;")
+    for e in range(pack):
+        lines += [f"mad.lo.u32 address, ${index + e}, 4, base;",
+                  f"ld.shared.u32 ${count + e}, [address];"]
+    lines += ["bar.sync 0;", "}"]
+    return "\n".join(lines)
 
 
 # The sample threshold statement's shared words: 256 digit counts, 16 sums of 16 of them,
@@ -729,7 +768,8 @@ def shared_threshold_ptx(pack: int) -> str:
     return "\n".join(lines)
 
 
-# (A plain function above, for the tests that run the statement on an emulated block.)
+# (Plain functions above, for tests that run the statements on an emulated block.)
+_shared_slots_ptx = triton.constexpr_function(shared_slots_ptx)
 _shared_threshold_ptx = triton.constexpr_function(shared_threshold_ptx)
 
 
@@ -741,6 +781,20 @@ def _shared_constraints(outputs, inputs, pack):
 @triton.constexpr_function
 def _elements_per_thread(block, warps):
     return block // (32 * warps)
+
+
+@triton.jit
+def _shared_slots(bucket, bins, valid, BLOCK: tl.constexpr, ARRAY_BYTES: tl.constexpr):
+    """(slot, count) int32 ``[BLOCK]``: each ``valid`` element's slot in its ``bucket``
+    (the number of elements counted there before it, in no fixed order) and the count of
+    bucket ``bins[i]``, by atomic adds on shared memory (NVIDIA only; one PTX statement a
+    thread: ``BLOCK`` a whole multiple of the program's threads). Declares the kernel's
+    shared array, ``ARRAY_BYTES`` long."""
+    PACK: tl.constexpr = _elements_per_thread(BLOCK, tl.extra.cuda.num_warps())
+    return tl.inline_asm_elementwise(
+        _shared_slots_ptx(PACK, ARRAY_BYTES), _shared_constraints(2, 3, PACK),
+        [bucket, bins, valid.to(tl.int32)], dtype=(tl.int32, tl.int32), is_pure=False,
+        pack=PACK)
 
 
 @triton.jit
@@ -800,6 +854,7 @@ def topk_select_kernel(
     BLOCK: tl.constexpr,
     STREAM_BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    SHARED_SLOTS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (row): the pairs that ``topk_rank_kernel`` ranks, placed bucket by bucket
@@ -818,6 +873,9 @@ def topk_select_kernel(
     ``low_skip``: leading digits of ``~column`` that are all ones for every column
     (``cols <= 2**(32 - RADIX_BITS * low_skip)``), at most ``32 // RADIX_BITS - 1``: the
     radix tie passes start below them.
+
+    NVIDIA only: with ``SHARED_SLOTS`` the pairs are counted into their buckets in shared
+    memory (``_shared_slots``) instead of on ``counts``.
     """
     wait_for_previous_kernel(USE_PDL)
     tl.static_assert(32 % RADIX_BITS == 0, "RADIX_BITS must divide 32")
@@ -854,7 +912,8 @@ def topk_select_kernel(
         pair = tl.load(scratch_row_ptr + i, mask=valid, other=0, cache_modifier=".cg").to(
             tl.uint64, bitcast=True)
     # The survivors are in registers: every thread is past them before _place writes.
-    _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK)
+    _place(pair, valid, want, counts_row_ptr, scratch_row_ptr, meta_row_ptr, BLOCK,
+           SHARED_SLOTS)
     _fill_unranked(out_ptr + row * out_row_stride, want, k, BLOCK)
 
 
