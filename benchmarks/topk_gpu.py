@@ -19,9 +19,9 @@ of it (``sampled``: short rows through the sample and filter kernels; ``direct``
 to 8192 columns ranked whole; ``select-kernel``/``count-and-place``: the candidates
 counted into their buckets and placed by the other kernels than the default's;
 ``place-<part>-w<warps>``: the count and place kernels at other sizes; ``shared-slots``
-/ ``global-slots``: the select kernel counting its pairs into their buckets in shared
-memory / in device memory, whichever the default does not; ``shared-sample``: the
-sample's threshold by digit counts in shared memory;
+(rows read whole) / ``global-slots`` (candidates): the select kernel counting its pairs
+into their buckets in shared memory / in device memory, whichever the default does not;
+``shared-sample``: the sample's threshold by digit counts in shared memory;
 ``sample-x2``/``-x4``: a sample two or four times larger).
 
 Writes ``topk_gpu.json`` (records ``{"op": "topk", "impl", "rows", "cols", "k", "gpu_us",
@@ -105,13 +105,12 @@ def candidate_settings(rows: int, cols: int, k: int, quick: bool,
         # The other placement, with its own sample and block.
         other = topk.topk_settings(rows, cols, k, interpreted=interpreted,
                                    count_and_place=not base.place_part)._asdict()
-        # The select kernel counting in shared memory or not, whichever the default does
-        # not, on the default's sample and block, or on its own where the default counts
-        # and places.
+        # The select kernel counting in device memory, on the default's sample and block,
+        # or on its own where the default counts and places (the "select-kernel" variant
+        # there counts in shared memory, as the select kernel does by default).
         select = other if base.place_part else {}
         variants = [
-            ("shared-slots", dict(select, shared_slots=True)) if base.place_part
-            else ("global-slots", dict(shared_slots=False)),
+            ("global-slots", dict(select, shared_slots=False)),
             ("shared-sample", dict(shared_sample=True)),  # on the default's placement
             ("select-kernel" if base.place_part else "count-and-place", other),
             (f"filter-{other_steps}-steps", filter_(base.step, other_steps)),

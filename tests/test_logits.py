@@ -494,7 +494,9 @@ def test_scaled_queries_every_fold(fmt, spread, next_n):
     ``spread`` apart, too far for e4m3), or scored per group (apart by more than bf16 can
     shift: the far group's values fall below its range). MXFP4 keys against bf16-folded
     queries are decoded to bf16 per key; a key whose group exponents lie too far apart for
-    that (``key-span``) sends the row to the per-group path too."""
+    that (``key-span``) sends the row to the per-group path too. The far groups carry their
+    row's logits (the row's other heads and groups are zero, and the key's other groups),
+    so that a path that loses them fails the bound."""
     call, options = make_call(fmt, "row-major", "e4m3-mx", next_n=next_n, heads=5,
                               block_size=64, num_blocks=6, max_blocks=3, seed=90 + next_n)
     values, scales = call["q"]
@@ -505,15 +507,26 @@ def test_scaled_queries_every_fold(fmt, spread, next_n):
         apart = 20 if spread == "key-span" else spread
         exponents[1, next_n - 1, 4, :] = torch.tensor([140, 140 - apart, 139, 140],
                                                        dtype=torch.uint8)
+        values = values.clone()
+        values[1, next_n - 1, :4] = 0
+        values[1, next_n - 1, 4, :32] = 0
+        values[1, next_n - 1, 4, 64:] = 0
+        # Magnitudes 1 to 16: shifted by -126 they stay bf16 normals (the interpreter rounds
+        # float32 subnormals to bf16 otherwise than the GPU).
+        far = torch.randint(1, 17, (32,), generator=torch.Generator().manual_seed(next_n))
+        values[1, next_n - 1, 4, 32:64] = (far * (1 - 2 * (far % 2))).float().to(values.dtype)
     call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
     assert int(call["context_lens"][1]) > 1
     if spread == "key-span":  # sequence 1's position 1: exponents 160 and 160 - BF16_FOLD_SPAN
         cache = call["k_cache"].clone()
         block = int(call["block_table"][1, 0])
-        _, scale_at = oracle.offsets(1, cache.shape[1], True, False, 0)
+        value_at, scale_at = oracle.offsets(1, cache.shape[1], True, False, 0)
         page = cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
         for at, byte in zip(scale_at, (160, 160 - BF16_FOLD_SPAN.value, 159, 160), strict=True):
             page[block, at] = byte
+        for group in (0, 2, 3):  # only the far group's 16 bytes stay
+            for at in value_at[16 * group:16 * group + 16]:
+                page[block, at] = 0
         call["k_cache"] = cache
     want, bound = expected(call, options)
     assert_close(run_native(call, options, VARIANT_STACKED), want, bound)
@@ -660,7 +673,8 @@ def test_settings_fold_per_program_for_long_mxfp4_programs():
                          ids=["fp8-q_e4m3-mx", "mxfp4-q_mxfp4", "mxfp4-q_e4m3-mx"])
 def test_scaled_queries_that_do_not_fold(fmt, q_form, variant):
     """Query group exponents 40 binades apart in a head: no e4m3 holds both ends, so the
-    program scores that head's row again with its queries folded into bf16."""
+    stacked form scores the program's rows again one at a time with their queries folded
+    into bf16, the row-by-row form per query group."""
     call, options = make_call(fmt, "row-major", q_form, next_n=2, heads=8, seed=50)
     values, scales = call["q"]
     exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()

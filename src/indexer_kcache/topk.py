@@ -130,8 +130,8 @@ class TopKSettings(NamedTuple):
     # The select kernel counts its pairs into their buckets by atomic adds on shared memory
     # (inline PTX: NVIDIA, blocks of at most SHARED_SLOTS_MAX_BLOCK pairs, a whole number a
     # thread) instead of on its row of ``counts`` in device memory. On where it orders a
-    # row's candidates (measured 7 to 15 % faster there; BENCHMARKS.md), off for rows
-    # read whole (not timed).
+    # row's candidates (measured 8 to 15 % faster there; BENCHMARKS.md), off for rows
+    # read whole (not timed); a block past SHARED_SLOTS_MAX_BLOCK counts in device memory.
     shared_slots: bool = False
     # The sample kernel finds its threshold (the same one) by two passes of 8-bit digit
     # counts in shared memory (inline PTX: NVIDIA, one-bit passes, at most 16 bits) instead
@@ -191,7 +191,8 @@ def topk_settings(rows: int, cols: int, k: int, interpreted: bool = INTERPRETED,
     row, instead of by the select kernel's one (with more rows the split is slower: the
     L2 serves the count kernel's atomics no faster, and every place program takes the
     row's whole prefix sum; see BENCHMARKS.md, "The top-k"); with more, the select kernel
-    runs at fewer warps. The rank kernel takes ``RANK_CHUNK`` pairs a program.
+    runs at fewer warps, counting its candidates into their buckets in shared memory
+    (``shared_slots``). The rank kernel takes ``RANK_CHUNK`` pairs a program.
     """
     want_block = max(next_power_of_2(min(k, cols)), 32)
     if direct_max_cols is None:

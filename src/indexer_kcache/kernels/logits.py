@@ -18,7 +18,8 @@ Two ways to compute, chosen by ``NATIVE``:
   queries are first tried with each head's largest scale factored out into its weight and
   the rest folded into e4m3 query values: when that is exact for all the program's rows
   (the usual case for MXFP4 queries), they are scored like unscaled e4m3 queries;
-  otherwise per 32-dim group.
+  otherwise (row by row) folded into bf16 and scored like bf16 queries in the stacked
+  form, and per 32-dim group where that fails too, or in the row-by-row form.
 
 The native path has two launch forms (``VARIANT``):
 
@@ -955,6 +956,8 @@ def _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i0, heads, d,
             factor = ue8m0_to_float(top)
         if FOLD_BF16:
             # A shift below float32's normal range is clamped, and then counts as inexact.
+            # (The interpreter rounds float32 subnormals to bf16 otherwise than the GPU:
+            # there such values may take the per-group path instead; both are exact.)
             shift = exponent - top
             in_range = (shift >= -126) | (x == 0)
             x = x * pow2(tl.maximum(shift, -126))
@@ -1142,7 +1145,11 @@ def _fp4_grouped_acc(words, word, emax, q_op, q_scales, GROUPED_Q: tl.constexpr,
         t_hi = tl.broadcast_to(tl.where(group == g, top_hi, 0), [BLOCK_N, 4])
         codes = _fp4_operand(words, t_lo, t_hi, BLOCK_N, Q_FORM == 0)
         part = _key_dot(_key_operand_v1(codes, Q_FORM), q_op)
-        part = part * _pow2_or_zero(((word >> (8 * g)) & 0xFF) - emax)[:, None]
+        # 2**(e_g - max e) in two factors: a group down to 252 binades below the key's
+        # largest keeps its value (one factor would flush it below 126).
+        shift = ((word >> (8 * g)) & 0xFF) - emax
+        first = tl.maximum(shift, -126)
+        part = part * pow2(first)[:, None] * _pow2_or_zero(shift - first)[:, None]
         if GROUPED_Q:
             part = part * ue8m0_to_float((q_scales >> (8 * g)) & 0xFF)[None, :]
         acc += part
@@ -1327,9 +1334,10 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                  NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
                  WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr,
                  RELU_BY_ABS: tl.constexpr):
-    """The program's rows scored one at a time per 32-dim group, exact for every input:
-    MXFP4 keys per key group; scaled queries folded (``FOLD_Q``), or folded into bf16
-    where that is exact, or else per query group.
+    """The program's rows scored again one at a time, exact for every input: unscaled or
+    folded queries (``FOLD_Q``) with MXFP4 keys per key group; other scaled queries folded
+    into bf16 (MXFP4 keys decoded to bf16 per key) where that is exact, else per query
+    group (and per key group).
     One row at a time keeps the per-group partial sums few. Each row is written over the
     program's range ``[col_lo, hi)`` (-inf past its own limit), as in the stacked form."""
     # Folded queries are unscaled e4m3 values.
@@ -1466,8 +1474,9 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
     MXFP4 keys are folded. Otherwise (a query head, or some key of the program's range,
     whose group exponents spread too far; such a key scores NaN in the first pass) the
-    rows are scored per group (``_rescan_rows``), overwriting the first pass's logits (the
-    reduction that finds out is a barrier between the two passes' stores). ``PREFOLDED``
+    rows are scored again one at a time (``_rescan_rows``: in bf16, or per group),
+    overwriting any first pass's logits (the reduction that finds a NaN is a barrier
+    between the two passes' stores). ``PREFOLDED``
     (scaled queries): the fold was done once for every program of the row group by
     ``fold_queries_kernel`` (its entry ``fold_index``), not here."""
     RP: tl.constexpr = row_slots(ROWS)
