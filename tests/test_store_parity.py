@@ -827,10 +827,10 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100
     (bf16 queries for sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels
-    for sm_80, sm_90, sm_100 and gfx942 (on NVIDIA the sample's digit counts in shared
-    memory too); the store and a reader for sm_80 too (integer conversions, no dependent
-    launch); the scorer and the select kernel for NVIDIA sm_120 and AMD gfx950, with the
-    store for the latter. Nothing runs."""
+    for sm_80, sm_90, sm_100 and gfx942 (on NVIDIA the select kernel's counting and the
+    sample's digit counts in shared memory too); the store and a reader for sm_80 too
+    (integer conversions, no dependent launch); the scorer and the select kernel for NVIDIA
+    sm_120 and AMD gfx950, with the store for the latter. Nothing runs."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.isdir(ptxas):
         pytest.skip("this Triton has no bundled ptxas")
