@@ -485,19 +485,21 @@ SCALED_QUERY_PATHS = [("fp8", None), ("fp8", 20), ("fp8", 130), ("fp8-mx", 20),
 SPREAD_NAMES = {None: "e4m3-fold", 20: "bf16-fold", 130: "per-group"}
 
 
+@pytest.mark.parametrize("q_form", ["e4m3-mx", "mxfp4"], ids=["q_e4m3-mx", "q_mxfp4"])
 @pytest.mark.parametrize("next_n", [1, 3], ids=["n1", "n3"])
 @pytest.mark.parametrize("fmt, spread", SCALED_QUERY_PATHS,
                          ids=[f"{f}-{SPREAD_NAMES.get(s, s)}" for f, s in SCALED_QUERY_PATHS])
-def test_scaled_queries_every_fold(fmt, spread, next_n):
-    """e4m3 queries with group scales take one of three paths, each within the bound: the
-    queries folded into e4m3 (exponents close), folded into bf16 (one head's exponents
-    ``spread`` apart, too far for e4m3), or scored per group (apart by more than bf16 can
-    shift: the far group's values fall below its range). MXFP4 keys against bf16-folded
-    queries are decoded to bf16 per key; a key whose group exponents lie too far apart for
-    that (``key-span``) sends the row to the per-group path too. The far groups carry their
-    row's logits (the row's other heads and groups are zero, and the key's other groups),
-    so that a path that loses them fails the bound."""
-    call, options = make_call(fmt, "row-major", "e4m3-mx", next_n=next_n, heads=5,
+def test_scaled_queries_every_fold(fmt, spread, next_n, q_form):
+    """Queries with group scales (e4m3 or MXFP4 values) take one of three paths, each within
+    the bound: the queries folded into e4m3 (exponents close), folded into bf16 (one head's
+    exponents ``spread`` apart, too far for e4m3), or scored per group (apart by more than
+    bf16 can shift: the far group's values fall below its range). MXFP4 keys against
+    bf16-folded queries are decoded to bf16 per key; a key whose group exponents lie too
+    far apart for that (``key-span``) sends the row to the per-group path too. The far
+    groups carry their row's logits (the row's other heads and groups are zero, and the
+    key's other groups), so that a path that loses them fails the bound. MXFP4 queries
+    against MXFP4 keys are scored both as folded in each program and as folded ahead."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=next_n, heads=5,
                               block_size=64, num_blocks=6, max_blocks=3, seed=90 + next_n)
     values, scales = call["q"]
     exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()
@@ -509,12 +511,21 @@ def test_scaled_queries_every_fold(fmt, spread, next_n):
                                                        dtype=torch.uint8)
         values = values.clone()
         values[1, next_n - 1, :4] = 0
-        values[1, next_n - 1, 4, :32] = 0
-        values[1, next_n - 1, 4, 64:] = 0
-        # Magnitudes 1 to 16: shifted by -126 they stay bf16 normals (the interpreter rounds
-        # float32 subnormals to bf16 otherwise than the GPU).
-        far = torch.randint(1, 17, (32,), generator=torch.Generator().manual_seed(next_n))
-        values[1, next_n - 1, 4, 32:64] = (far * (1 - 2 * (far % 2))).float().to(values.dtype)
+        gen = torch.Generator().manual_seed(next_n)
+        if q_form == "mxfp4":  # dims 32 to 63 are bytes 16 to 31, two E2M1 codes a byte
+            values[1, next_n - 1, 4, :16] = 0
+            values[1, next_n - 1, 4, 32:] = 0
+            codes = torch.randint(1, 8, (32,), generator=gen) | 8 * torch.randint(0, 2, (32,),
+                                                                                   generator=gen)
+            values[1, next_n - 1, 4, 16:32] = (codes[0::2] | codes[1::2] << 4).to(values.dtype)
+        else:
+            values[1, next_n - 1, 4, :32] = 0
+            values[1, next_n - 1, 4, 64:] = 0
+            # Magnitudes 1 to 16: shifted by -126 they stay bf16 normals (the interpreter
+            # rounds float32 subnormals to bf16 otherwise than the GPU).
+            far = torch.randint(1, 17, (32,), generator=gen)
+            values[1, next_n - 1, 4, 32:64] = (far * (1 - 2 * (far % 2))).float().to(
+                values.dtype)
     call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
     assert int(call["context_lens"][1]) > 1
     if spread == "key-span":  # sequence 1's position 1: exponents 160 and 160 - BF16_FOLD_SPAN
@@ -529,7 +540,12 @@ def test_scaled_queries_every_fold(fmt, spread, next_n):
                 page[block, at] = 0
         call["k_cache"] = cache
     want, bound = expected(call, options)
-    assert_close(run_native(call, options, VARIANT_STACKED), want, bound)
+    got = run_native(call, options, VARIANT_STACKED, prefold=False)
+    assert_close(got, want, bound)
+    if q_form == "mxfp4" and fmt == "mxfp4" and next_n == 1:
+        got = got.clone()
+        ahead = run_native(call, options, VARIANT_STACKED, prefold=True)
+        torch.testing.assert_close(ahead, got, rtol=0, atol=0, equal_nan=True)
 
 
 def test_settings_fold_mxfp4_queries_ahead_for_one_row_a_program():

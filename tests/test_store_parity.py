@@ -653,6 +653,19 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
         compile_(paged_mqa_logits_kernel, dict(pointers, **scalars, q_ptr="*i16"),
                  dict(constexprs, Q_FORM=0, USE_FP4=use_fp4, RELU_BY_ABS=False, HINT_TILES=0,
                       USE_PDL=0), SM89, num_warps=4, num_stages=6)
+    # e4m3 queries with MX scales, not folded ahead (FP8-MX and MXFP4 keys): the stacked
+    # form whose rows the e4m3 fold cannot take are scored again with a bf16 operand or by
+    # group (``_rescan_rows``), under the one-row register cap the settings take, on every
+    # NVIDIA GPU the native dots are for.
+    from indexer_kcache.logits import FALLBACK_REGISTERS
+
+    for target in (SM89, SM100, GPUTarget("cuda", 120, 32)):
+        for use_fp4 in (False, True):
+            compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+                     dict(constexprs, Q_FORM=2, USE_FP4=use_fp4, MX_SCALES=not use_fp4,
+                          RELU_BY_ABS=use_fp4, HINT_TILES=0, USE_PDL=0,
+                          PROGRAM_FOLD=use_fp4), target, num_warps=4, num_stages=6,
+                     maxnreg=FALLBACK_REGISTERS)
     # The top-k's kernels on every target: the candidates placed by the count and place
     # kernels (the filter tracking each row's largest key), or by the select kernel.
     from indexer_kcache.kernels.topk import (WARP_APPEND_ELEMENTS, topk_count_kernel,
@@ -826,7 +839,8 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     (its load paths, float keys, an aiter order) and a reader to machine code for NVIDIA
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100
-    (bf16 queries for sm_89), its float32 dots for sm_80 and gfx942; all six top-k kernels
+    (bf16 queries for sm_89; e4m3 queries with MX scales, scored again where their fold
+    fails, for sm_89, sm_100 and sm_120), its float32 dots for sm_80 and gfx942; all six top-k kernels
     for sm_80, sm_90, sm_100 and gfx942 (on NVIDIA the select kernel's counting and the
     sample's digit counts in shared memory too); the store and a reader for sm_80 too
     (integer conversions, no dependent launch); the scorer and the select kernel for NVIDIA
