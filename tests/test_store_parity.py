@@ -704,17 +704,19 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
         placed = dict(scratch_ptr="*i64", counts_ptr="*i32", meta_ptr="*i64", out_ptr="*i32",
                       out_row_stride="i32")
         # On NVIDIA, counting in shared memory (inline PTX): one statement a thread, whose
-        # sixteen pairs (4096 over 8 warps) are sixteen atomic adds.
+        # pairs (4096 over 8 or 16 warps: 16 or 8 a thread) are as many atomic adds.
         nvidia = target.backend == "cuda"
-        for shared in (False, True) if nvidia else (False,):
+        # (8 warps where launches are short, 16 elsewhere: Triton's own shared memory grows
+        # with the warps.)
+        for shared, warps in ((False, 8), (True, 8), (True, 16)) if nvidia else ((False, 8),):
             kernel = compile_(topk_select_kernel,
                               dict(rows, k="i32", low_skip="i32", **candidates, **placed),
                               dict(IS_BF16=False, HAS_LENGTHS=True, FROM_CANDIDATES=True,
                                    BLOCK=4096, STREAM_BLOCK=4096, RADIX_BITS=8,
-                                   SHARED_SLOTS=shared, USE_PDL=pdl), target, num_warps=8)
+                                   SHARED_SLOTS=shared, USE_PDL=pdl), target, num_warps=warps)
             ptx = kernel.asm["ptx"] if shared else ""
             if shared and (ptx.count(".b8 topk_shared[") != 1
-                           or ptx.count("@p atom.shared.add.u32") != 16):
+                           or ptx.count("@p atom.shared.add.u32") != 4096 // (32 * warps)):
                 raise AssertionError(f"{target}: the shared-memory statement was copied")
             if shared:  # its static shared array and Triton's own within 48 KiB a block
                 usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"),
@@ -722,7 +724,8 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                                        capture_output=True, text=True, check=True).stdout
                 static = int(re.search(r"SHARED:([0-9]+)", usage).group(1))
                 if static + kernel.metadata.shared > 48 * 1024:
-                    raise AssertionError(f"{target}: {static} + {kernel.metadata.shared} bytes")
+                    raise AssertionError(f"{target} at {warps} warps: {static} + "
+                                         f"{kernel.metadata.shared} bytes")
         compile_(topk_count_kernel, dict(rows, k="i32", low_skip="i32", threshold_ptr="*i32",
                                          **candidates, cand_slot_ptr="*i32", counts_ptr="*i32",
                                          meta_ptr="*i64"),
