@@ -1334,15 +1334,42 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                  NUM_STAGES: tl.constexpr, CLEAN: tl.constexpr, SCALE_WORDS: tl.constexpr,
                  WARPS: tl.constexpr, FOLD_Q: tl.constexpr, HAS_BLOCKS: tl.constexpr,
                  RELU_BY_ABS: tl.constexpr):
-    """The program's rows scored again one at a time, exact for every input: unscaled or
-    folded queries (``FOLD_Q``) with MXFP4 keys per key group; other scaled queries folded
-    into bf16 (MXFP4 keys decoded to bf16 per key) where that is exact, else per query
-    group (and per key group).
+    """The program's rows scored again, exact for every input: unscaled or folded queries
+    (``FOLD_Q``) with MXFP4 keys per key group, one row at a time; other scaled queries
+    folded into bf16 (MXFP4 keys decoded to bf16 per key), all the rows in one stacked dot
+    where that is exact for every row and key, else one row at a time, each in bf16 where
+    that is exact for it, else per query group (and per key group).
     One row at a time keeps the per-group partial sums few. Each row is written over the
     program's range ``[col_lo, hi)`` (-inf past its own limit), as in the stacked form."""
     # Folded queries are unscaled e4m3 values.
     FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
-    for r in range(ROWS):
+    if USE_FP4:
+        d_bf16 = _fp4_dim(tl.arange(0, 128), True)  # the bf16 operand's order
+    else:
+        d_bf16 = d
+    rows_left = tl.full([], 1, tl.int32)
+    if ROWS > 1 and Q_FORM >= 2 and not FOLD_Q:
+        # Every row's keys read once: the rows side by side in one bf16 dot, as bf16
+        # queries are scored. (A row the bf16 fold cannot take, or an MXFP4 key too wide
+        # for it, sends every row to the loop below, which writes each row again.)
+        RP: tl.constexpr = row_slots(ROWS)
+        # (Names of their own: the loop below gives its names one row's shapes.)
+        q_rows, rows_exact, rows_factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si,
+                                                b, i0, heads, d_bf16, NEXT_N, ROWS, Q_FORM, HP,
+                                                RP * HP, True, True)
+        if rows_exact != 0:
+            rows_limit, rows_valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N,
+                                              ROWS, RP, CTX_2D, "")
+            rows_w = _weights_v1(w_ptr, w_sr, w_sh, b, i0, heads, NEXT_N, ROWS, HP, RP * HP,
+                                 W_BF16) * w_fold * rows_factor
+            rows_failed = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr,
+                                   out_sr, row_base, col_lo, hi, col_hi, q_rows, rows_w, 0, 0,
+                                   rows_limit, rows_valid, 0, USE_FP4, MX_SCALES, LAYOUT,
+                                   N_PER_TILE, D_PER_TILE, SCALE_LANES, BLOCK_SIZE, BLOCK_N,
+                                   NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
+                                   HAS_BLOCKS, False, False)
+            rows_left = (rows_failed != 0).to(tl.int32)
+    for r in range(ROWS * rows_left):
         i = i0 + r
         limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i, num_cols, NEXT_N, 1, 1, CTX_2D, "")
         w = _weights_v1(w_ptr, w_sr, w_sh, b, i, heads, NEXT_N, 1, HP, HP, W_BF16) * w_fold
@@ -1359,10 +1386,6 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
             # (exact unless a head's group exponents lie too far apart for bf16), one bf16
             # dot a tile, MXFP4 keys decoded to bf16 (a key whose group exponents lie too far
             # apart scores NaN); the row is scored per group where either fails.
-            if USE_FP4:
-                d_bf16 = _fp4_dim(tl.arange(0, 128), True)  # the bf16 operand's order
-            else:
-                d_bf16 = d
             q_bf16, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i,
                                           heads, d_bf16, NEXT_N, 1, Q_FORM, HP, HP, True, True)
             failed = tl.full([], 1.0, tl.float32)
