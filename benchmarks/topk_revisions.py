@@ -3,7 +3,7 @@ imported, at the issue's shapes, beside ``torch.topk`` (or, with ``--variants``,
 ``topk_gpu.py``'s candidate settings instead of ``torch.topk``).
 
     PYTHONPATH=<a revision's src> python benchmarks/topk_revisions.py LABEL [--offset 50]
-        [--variants [--only ...]]
+        [--variants [--only ...]] [--shapes 16x65536 ...]
 
 Run it alternately on two revisions on one GPU: each row checks the result of two inputs
 against the reference, then prints the median and all three of three CUDA-graph timings
@@ -37,9 +37,13 @@ def main() -> None:
                         help="added to every logit (the sample's threshold with an offset)")
     parser.add_argument("--only", nargs="*", default=None,
                         help="with --variants: these labels (and the default) only")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="ROWSxCOLS",
+                        help="only these shapes (default: the issue's five)")
     args = parser.parse_args()
     device = torch.device("cuda")
-    for rows, cols in SHAPES:
+    shapes = ([tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
+              if args.shapes else SHAPES)
+    for rows, cols in shapes:
         logits = [x + args.offset for x in make_logits(rows, cols, device, seed=rows + cols)]
         outs = [torch.empty(rows, K, dtype=torch.int32, device=device) for _ in logits]
         settings = (candidate_settings(rows, cols, K, quick=False) if args.variants
