@@ -666,6 +666,13 @@ _COMPILE_SCRIPT = _STORE_SIGNATURE + textwrap.dedent("""
                           RELU_BY_ABS=use_fp4, HINT_TILES=0, USE_PDL=0,
                           PROGRAM_FOLD=use_fp4), target, num_warps=4, num_stages=6,
                      maxnreg=FALLBACK_REGISTERS)
+    # Several rows of them a program (four with FP8-MX keys, two with MXFP4 keys): their
+    # rows scored again side by side in one bf16 dot (sm_90).
+    for use_fp4, rows in ((False, 4), (True, 2)):
+        compile_(paged_mqa_logits_kernel, dict(pointers, **scalars),
+                 dict(constexprs, NEXT_N=rows, ROWS=rows, Q_FORM=2, USE_FP4=use_fp4,
+                      MX_SCALES=not use_fp4, RELU_BY_ABS=use_fp4, HINT_TILES=0,
+                      PROGRAM_FOLD=use_fp4), SM90, num_warps=4, num_stages=6)
     # The top-k's kernels on every target: the candidates placed by the count and place
     # kernels (the filter tracking each row's largest key), or by the select kernel.
     from indexer_kcache.kernels.topk import (WARP_APPEND_ELEMENTS, topk_count_kernel,
@@ -843,7 +850,8 @@ def test_kernels_compile_for_sm80_sm90_sm100_and_gfx942_without_a_gpu():
     sm_90 and sm_100 and AMD gfx942 with the tools Triton ships, in a process without
     TRITON_INTERPRET; the scorer's native dots (and its query fold) for sm_90 and sm_100
     (bf16 queries for sm_89; e4m3 queries with MX scales, scored again where their fold
-    fails, for sm_89, sm_100 and sm_120), its float32 dots for sm_80 and gfx942; all six top-k kernels
+    fails, for sm_89, sm_100 and sm_120, several rows a program for sm_90), its float32
+    dots for sm_80 and gfx942; all six top-k kernels
     for sm_80, sm_90, sm_100 and gfx942 (on NVIDIA the select kernel's counting and the
     sample's digit counts in shared memory too); the store and a reader for sm_80 too
     (integer conversions, no dependent launch); the scorer and the select kernel for NVIDIA
