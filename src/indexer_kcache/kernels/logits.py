@@ -18,8 +18,9 @@ Two ways to compute, chosen by ``NATIVE``:
   queries are first tried with each head's largest scale factored out into its weight and
   the rest folded into e4m3 query values: when that is exact for all the program's rows
   (the usual case for MXFP4 queries), they are scored like unscaled e4m3 queries;
-  otherwise (row by row) folded into bf16 and scored like bf16 queries in the stacked
-  form, and per 32-dim group where that fails too, or in the row-by-row form.
+  otherwise folded into bf16 and scored like bf16 queries in the stacked form (all the
+  program's rows at once, else row by row), and per 32-dim group where that fails too,
+  or in the row-by-row form.
 
 The native path has two launch forms (``VARIANT``):
 
