@@ -1323,6 +1323,16 @@ def _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr, out_sr, row
 
 
 @triton.jit
+def _bf16_dims(d, USE_FP4: tl.constexpr):
+    """The dims of the bf16 query operand's rows: MXFP4 keys decode to bf16 in their own
+    order (``_fp4_dim``); FP8 keys keep ``d``."""
+    if USE_FP4:
+        return _fp4_dim(tl.arange(0, 128), True)
+    else:
+        return d
+
+
+@triton.jit
 def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh, cache_ptr,
                  page_stride, num_blocks, ctx_ptr, ctx_sb, ctx_si, table_row, out_ptr, out_sr,
                  num_cols, heads, b, i0, row_base, col_lo, hi, col_hi, d, w_fold,
@@ -1344,10 +1354,6 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
     program's range ``[col_lo, hi)`` (-inf past its own limit), as in the stacked form."""
     # Folded queries are unscaled e4m3 values.
     FORM: tl.constexpr = 1 if Q_FORM >= 2 else Q_FORM
-    if USE_FP4:
-        d_bf16 = _fp4_dim(tl.arange(0, 128), True)  # the bf16 operand's order
-    else:
-        d_bf16 = d
     rows_left = tl.full([], 1, tl.int32)
     if ROWS > 1 and Q_FORM >= 2 and not FOLD_Q:
         # Every row's keys read once: the rows side by side in one bf16 dot, as bf16
@@ -1356,8 +1362,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
         RP: tl.constexpr = row_slots(ROWS)
         # (Names of their own: the loop below gives its names one row's shapes.)
         q_rows, rows_exact, rows_factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si,
-                                                b, i0, heads, d_bf16, NEXT_N, ROWS, Q_FORM, HP,
-                                                RP * HP, True, True)
+                                                b, i0, heads, _bf16_dims(d, USE_FP4), NEXT_N,
+                                                ROWS, Q_FORM, HP, RP * HP, True, True)
         if rows_exact != 0:
             rows_limit, rows_valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i0, num_cols, NEXT_N,
                                               ROWS, RP, CTX_2D, "")
@@ -1388,7 +1394,8 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
             # dot a tile, MXFP4 keys decoded to bf16 (a key whose group exponents lie too far
             # apart scores NaN); the row is scored per group where either fails.
             q_bf16, exact, factor = _q_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, b, i,
-                                          heads, d_bf16, NEXT_N, 1, Q_FORM, HP, HP, True, True)
+                                          heads, _bf16_dims(d, USE_FP4), NEXT_N, 1, Q_FORM, HP,
+                                          HP, True, True)
             failed = tl.full([], 1.0, tl.float32)
             if exact != 0:
                 failed = _scan_v1(cache_ptr, page_stride, num_blocks, table_row, out_ptr,
