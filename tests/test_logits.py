@@ -151,6 +151,7 @@ def decode_queries(q) -> torch.Tensor:
     if scales is not None:
         exponents = scales.cpu().contiguous().view(torch.uint8).reshape(*scales.shape, 4)
         factor = torch.exp2(exponents.double() - 127)
+        factor[exponents == 255] = float("nan")  # UE8M0's NaN
         x = x * factor.repeat_interleave(32, dim=-1)
     return x
 
@@ -958,6 +959,37 @@ def test_poisoned_keys_score_nan():
         got = paged_mqa_logits(**call, **options).cpu()
         assert torch.isnan(got[0, 21]), fmt
         assert torch.isfinite(got[0, :40][torch.arange(40) != 21]).all(), fmt
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["default", "native-stacked"])
+@pytest.mark.parametrize("fmt, q_form", [("fp8-mx", "e4m3-mx"), ("mxfp4", "e4m3-mx"),
+                                         ("mxfp4", "mxfp4")],
+                         ids=["fp8-mx-q_e4m3-mx", "mxfp4-q_e4m3-mx", "mxfp4-q_mxfp4"])
+def test_poisoned_query_scale_scores_nan_in_its_row_only(fmt, q_form, native):
+    """A query's NaN group scale (UE8M0 byte 255) makes every logit its row sees NaN, as
+    the reference has it, and nothing else: its columns past the row's limit stay -inf and
+    the other rows of the program (three rows side by side natively) keep their logits."""
+    call, options = make_call(fmt, "row-major", q_form, next_n=3, heads=5, block_size=64,
+                              num_blocks=6, max_blocks=3, seed=31)
+    want, bound = expected(call, options)
+    values, scales = call["q"]
+    exponents = scales.cpu().view(torch.uint8).reshape(*scales.shape, 4).clone()
+    exponents[1, 1, 3, 2] = 255  # sequence 1, its middle row, head 3, dims 64..95
+    call["q"] = (values, exponents.view(torch.int32).reshape(scales.shape).to(DEVICE))
+    if native:
+        got = run_native(call, options, VARIANT_STACKED, prefold=False).double().cpu()
+    else:
+        got = paged_mqa_logits(**call, **options).double().cpu()
+    poisoned = 1 * 3 + 1
+    seen = torch.isfinite(want[poisoned])  # (a block id out of range scores -inf)
+    assert 0 < int(seen.sum()) < want.shape[1]
+    assert torch.isnan(got[poisoned, seen]).all()
+    assert torch.isneginf(got[poisoned, ~seen]).all()
+    others = torch.arange(want.shape[0]) != poisoned
+    assert_close(got[others], want[others], bound[others])
+    reference = paged_mqa_logits(**call, **options, backend="reference").double().cpu()
+    assert torch.isnan(reference[poisoned, seen]).all()
+    assert torch.isneginf(reference[poisoned, ~seen]).all()
 
 
 # ----------------------------------------------------------------------------- settings

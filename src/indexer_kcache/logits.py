@@ -573,8 +573,9 @@ def paged_mqa_logits(
         q: bf16 ``[B, next_n, H, 128]``, or ``(values, scales)``: e4m3 ``[B, next_n, H,
             128]`` or packed MXFP4 uint8 ``[B, next_n, H, 64]`` (element ``2i`` in the low
             nibble), and ``None`` or int32 ``[B, next_n, H]`` holding four UE8M0 bytes
-            (byte ``j``, little-endian, scales dims ``32j .. 32j + 31``); MXFP4 values need
-            scales. ``H`` is 1 .. 128.
+            (byte ``j``, little-endian, scales dims ``32j .. 32j + 31``; 255 is NaN, which
+            makes every logit its row sees NaN); MXFP4 values need scales. ``H`` is 1 ..
+            128.
         k_cache: the cache as the store writes it, uint8 ``[num_blocks, block_size, 132 |
             68]`` (pages may be padded) or the 4-d view ``[num_blocks, block_size, 1,
             row]``; FP8 or MXFP4 follows from the row width.
