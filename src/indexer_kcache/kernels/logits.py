@@ -1376,7 +1376,7 @@ def _rescan_rows(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_s
                                    NUM_STAGES, CLEAN, SCALE_WORDS, False, False, RP, HP, WARPS,
                                    HAS_BLOCKS, False, False)
             rows_left = (rows_failed != 0).to(tl.int32)
-    for r in range(ROWS * rows_left):
+    for r in range(ROWS * rows_left):  # (no row left once the stacked pass scored them)
         i = i0 + r
         limit, valid = _rows_v1(ctx_ptr, ctx_sb, ctx_si, b, i, num_cols, NEXT_N, 1, 1, CTX_2D, "")
         w = _weights_v1(w_ptr, w_sr, w_sh, b, i, heads, NEXT_N, 1, HP, HP, W_BF16) * w_fold
@@ -1505,10 +1505,10 @@ def _program_v1(q_ptr, q_sb, q_si, q_sh, qs_ptr, qs_sb, qs_si, w_ptr, w_sr, w_sh
     Scaled queries are folded (``_q_v1``) when that is exact for all the program's columns;
     MXFP4 keys are folded. Otherwise (a query head, or some key of the program's range,
     whose group exponents spread too far; such a key scores NaN in the first pass) the
-    rows are scored again one at a time (``_rescan_rows``: in bf16, or per group),
-    overwriting any first pass's logits (the reduction that finds a NaN is a barrier
-    between the two passes' stores). ``PREFOLDED``
-    (scaled queries): the fold was done once for every program of the row group by
+    rows are scored again (``_rescan_rows``: side by side in one bf16 dot, else one at a
+    time in bf16 or per group), overwriting any first pass's logits (the reduction that
+    finds a NaN is a barrier between the two passes' stores). ``PREFOLDED`` (scaled
+    queries): the fold was done once for every program of the row group by
     ``fold_queries_kernel`` (its entry ``fold_index``), not here."""
     RP: tl.constexpr = row_slots(ROWS)
     RH: tl.constexpr = RP * HP
