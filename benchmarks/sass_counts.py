@@ -40,11 +40,11 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_counts(fn, signature: dict, constexprs: dict, divisible: tuple, options: dict):
-    """(registers, stack bytes, first-pass instructions) of ``fn`` compiled for sm_90.
-    Spilled registers live in the stack frame (``cuobjdump``'s ``STACK``, not ``LOCAL``).
-    Pointers and the ``divisible`` integers are marked 16-divisible, as Triton's
-    specialisation marks them at a launch with such values."""
+def _compile(fn, signature: dict, constexprs: dict, divisible: tuple, options: dict):
+    """(registers, stack bytes, shared bytes, SASS instructions as (address, text)) of
+    ``fn`` compiled for sm_90. Spilled registers live in the stack frame (``cuobjdump``'s
+    ``STACK``, not ``LOCAL``). Pointers and the ``divisible`` integers are marked
+    16-divisible, as Triton's specialisation marks them at a launch with such values."""
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
              if kind.startswith("*") or name in divisible}
@@ -61,10 +61,32 @@ def compile_counts(fn, signature: dict, constexprs: dict, divisible: tuple, opti
         os.unlink(f.name)
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    instructions = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
-    first_exit = next((i for i, line in enumerate(instructions) if "EXIT" in line),
+    instructions = [(int(m.group(1), 16), m.group(2)) for m in (
+        re.match(r"\s+/\*([0-9a-f]{4,6})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    return registers, stack, compiled.metadata.shared, instructions
+
+
+def compile_counts(fn, signature: dict, constexprs: dict, divisible: tuple, options: dict):
+    """(registers, stack bytes, first-pass instructions: up to the first ``EXIT``) of
+    ``fn`` compiled for sm_90 (``_compile``)."""
+    registers, stack, _, instructions = _compile(fn, signature, constexprs, divisible, options)
+    first_exit = next((i for i, (_, text) in enumerate(instructions) if "EXIT" in text),
                       len(instructions) - 1)
     return registers, stack, first_exit + 1
+
+
+def loops(instructions: list) -> list:
+    """(first address, instructions, dot instructions, spill loads, spill stores) of each
+    loop of ``instructions``: a backward branch and what lies between it and its target."""
+    found = []
+    for i, (address, text) in enumerate(instructions):
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            body = [t for a, t in instructions[:i + 1] if a >= int(target.group(1), 16)]
+            found.append((int(target.group(1), 16), len(body),
+                          sum("GMMA" in t for t in body), sum("LDL" in t for t in body),
+                          sum("STL" in t for t in body)))
+    return sorted(found)
 
 
 def store_counts(args) -> None:
@@ -98,6 +120,61 @@ def store_counts(args) -> None:
     print(line)
 
 
+def scorer_counts(args) -> None:
+    """The scorer as the settings launch it at ``args.batch`` x ``args.context`` on an H200
+    (132 SMs, H = 64, 64-token pages, row-major), compiled for sm_90: its plan is checked
+    on small CPU tensors of the call's shapes (one page: the settings do not read the
+    cache's size), then made native, as on the GPU."""
+    import dataclasses
+
+    import torch
+
+    from indexer_kcache import checks, logits
+    from indexer_kcache.kernels.logits import paged_mqa_logits_kernel
+
+    heads, fp4, mx = 64, *layout.FORMATS[args.format]
+    shape = (args.batch, args.next_n, heads)
+    if args.q_form == "bf16":
+        values, scales = torch.zeros(*shape, 128, dtype=torch.bfloat16), None
+    else:
+        values = torch.zeros(*shape, 64 if args.q_form == "mxfp4" else 128,
+                             dtype=torch.uint8 if args.q_form == "mxfp4" else torch.float8_e4m3fn)
+        scales = torch.zeros(shape, dtype=torch.int32) if args.q_form != "e4m3" else None
+    cache = torch.zeros(1, 64, 68 if fp4 else 132, dtype=torch.uint8)
+    out = torch.empty(args.batch * args.next_n, args.context)
+    call = logits.paged_mqa_logits_into.op.bind(
+        values, scales, cache, torch.zeros(args.batch * args.next_n, heads),
+        torch.full((args.batch,), args.context, dtype=torch.int32),
+        torch.zeros(args.batch, args.context // 64, dtype=torch.int32), out, mx_scales=mx)
+    plan = dataclasses.replace(logits.check_logits(call), native=True, sm_count=132)
+    settings = logits.settings_for(plan)
+    if args.max_registers is not None:
+        settings = settings._replace(max_registers=args.max_registers)
+    launch = logits._logits_launch(plan, settings, scale_words=True)[0].state
+    fixed = dict(launch.fixed, USE_PDL=settings.pdl)
+    # Fixed ints as Triton specialises them at a launch: 1 a constant, multiples of 16
+    # marked so (the per-call arguments: aligned pointers, unspecialised ints).
+    constexprs = {p.name: fixed[p.name] for p in paged_mqa_logits_kernel.params
+                  if p.is_constexpr or fixed.get(p.name) == 1}
+    divisible = tuple(name for name, value in fixed.items()
+                      if name not in constexprs and isinstance(value, int) and value % 16 == 0)
+    signature = {name: "*i16" if name == "q_ptr" and args.q_form == "bf16" else "*u8"
+                 if name in ("q_ptr", "cache_ptr", "fold_ptr") else "*i32"
+                 if name in ("qs_ptr", "ctx_ptr", "table_ptr") else "*fp32"
+                 if name.endswith("_ptr") else "i32"
+                 for name in paged_mqa_logits_kernel.arg_names if name not in constexprs}
+    options = dict(launch.launch_options, **checks.nvidia_options(
+        True, settings.pdl != logits.PDL_NONE, settings.max_registers))
+    registers, stack, shared, instructions = _compile(
+        paged_mqa_logits_kernel, signature, constexprs, divisible, options)
+    print(f"scorer {args.format} q {args.q_form} {args.batch}x{args.context} next_n "
+          f"{args.next_n} {settings}: {registers} registers, {stack} stack bytes, {shared} "
+          f"bytes of shared memory, {len(instructions)} instructions")
+    for first, count, dots, spill_loads, spill_stores in loops(instructions):
+        print(f"  loop at {first:#x}: {count} instructions, {dots} dot instructions, "
+              f"{spill_loads} spill loads, {spill_stores} spill stores")
+
+
 def filter_counts(args) -> None:
     signature = {"logits_ptr": "*fp32", "row_stride": "i32", "cols": "i32", "lengths_ptr": "*i32",
                  "split_cols": "i32", "threshold_ptr": "*i32", "cand_ptr": "*i64",
@@ -124,9 +201,17 @@ def main() -> None:
     p.add_argument("--eager", action=argparse.BooleanOptionalAction)
     p.add_argument("--max-registers", type=int)
     p.add_argument("--hint-ahead", type=int)
+    p = sub.add_parser("scorer")
+    p.add_argument("--format", choices=list(layout.FORMATS), default="fp8")
+    p.add_argument("--q-form", choices=["bf16", "e4m3", "e4m3-mx", "mxfp4"], default="e4m3")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=32768)
+    p.add_argument("--next-n", type=int, default=1)
+    p.add_argument("--max-registers", type=int)
     sub.add_parser("topk-filter")
     args = parser.parse_args()
-    (store_counts if args.kernel == "store" else filter_counts)(args)
+    {"store": store_counts, "scorer": scorer_counts, "topk-filter": filter_counts}[
+        args.kernel](args)
 
 
 if __name__ == "__main__":
