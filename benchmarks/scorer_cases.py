@@ -3,10 +3,11 @@
 
     python benchmarks/scorer_cases.py [--set bf16-decode | program-fold | store-in-place | tile-bounds
                                          | scaled-queries | scaled-rows]
-        [--copy-GBps 4250] [--scaled-registers N]
+        [--copy-GBps 4250] [--scaled-registers N] [--cases fp8-mx:e4m3-mx:64x8192:4 ...]
 
 Each shape is checked against the contract's bound (``mismatches``), then timed as the
 bench times it (CUDA-graph replay over calls that rotate over more keys than the L2 holds).
+``--cases`` takes the named cases instead of a set's (``format:q_form:BATCHxCONTEXT:next_n``).
 ``--scaled-registers`` sets the register cap of one-row programs of queries with group
 scales (e4m3 or MXFP4 values) to ``N`` instead of the settings' cap, for the experiment.
 """
@@ -74,6 +75,17 @@ def scaled_registers(cap: int):
     return choose.override(capped)
 
 
+def parse_case(text: str) -> tuple[str, str, int, int, int]:
+    """``fp8-mx:e4m3-mx:64x8192:4`` -> ``("fp8-mx", "e4m3-mx", 64, 8192, 4)``."""
+    try:
+        fmt, q_form, shape, next_n = text.split(":")
+        batch, context = shape.split("x")
+        return fmt, q_form, int(batch), int(context), int(next_n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected FORMAT:Q_FORM:BATCHxCONTEXT:NEXT_N, got {text!r}") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=SETS, default="bf16-decode", help="the cases")
@@ -82,13 +94,15 @@ def main() -> None:
     parser.add_argument("--scaled-registers", type=int, default=0,
                         help="register cap of one-row programs of scaled queries (0: the "
                              "settings')")
+    parser.add_argument("--cases", nargs="+", type=parse_case, default=None,
+                        metavar="FMT:Q:BxC:N", help="these cases instead of the set's")
     args = parser.parse_args()
     copy = args.copy_GBps
     result = {"records": [], "byte_mismatches": []}
     cap = (scaled_registers(args.scaled_registers) if args.scaled_registers
            else contextlib.nullcontext())
     with cap:
-        bench_logits.run_gpu(result, cases=SETS[args.set], peers=False)
+        bench_logits.run_gpu(result, cases=args.cases or SETS[args.set], peers=False)
     package = indexer_kcache.__file__
     for r in result["records"]:
         share = 100 * r["bytes"] / r["gpu_us"] / 1e3 / copy
