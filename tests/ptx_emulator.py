@@ -1,25 +1,30 @@
-"""Runs the top-k's shared-memory PTX statements (the select kernel's slots, the sample's
-threshold) on the CPU, thread by thread, so that their text (not a rewrite of it) is
+"""Runs the kernels' inline PTX on the CPU, so that their text (not a rewrite of it) is
 checked where no GPU is. Passing here is necessary, not sufficient: a statement that
 passed here once failed on the GPU (BENCHMARKS.md, "Counting, ranking and sampling in
 shared memory").
 
-It knows only the instructions those statements use: 32-bit ``mov`` (also of
-``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``, ``mad.lo``, ``and``, ``or``,
-``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as in PTX), ``clz``, unsigned
-``setp`` (with ``.and``/``.or``), ``selp``, ``ld``/``st``/``red``/``atom.shared`` (32-bit), ``popc``,
-``match.any.sync`` (over each 32 threads, ``%lanemask_lt``), ``bra``, labels, predicates
-(``@p``, ``@!p``) and ``bar.sync``;
-``.reg`` and ``.shared`` declarations. A CTA's threads run one at a time in a
-random order, each up to its next barrier (where it waits for the whole block) or
+``Block`` runs the top-k's shared-memory statements (the select kernel's slots, the
+sample's threshold) thread by thread. It knows only the instructions those statements
+use: 32-bit ``mov`` (also of ``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``,
+``mad.lo``, ``and``, ``or``, ``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as
+in PTX), ``clz``, unsigned ``setp`` (with ``.and``/``.or``), ``selp``,
+``ld``/``st``/``red``/``atom.shared`` (32-bit), ``popc``, ``match.any.sync`` (over each 32
+threads, ``%lanemask_lt``), ``bra``, labels, predicates (``@p``, ``@!p``) and
+``bar.sync``; ``.reg`` and ``.shared`` declarations. A CTA's threads run one at a time in
+a random order, each up to its next barrier (where it waits for the whole block) or
 warp-wide match (where it waits for its warp): any such order is one the GPU may take,
 and a missing barrier shows as a warp running ahead into memory another still uses.
+
+``Lanes`` runs an element-wise statement (the store's conversions, the scorer's decodes)
+on every element of numpy arrays at once; its class docstring lists what it knows.
 """
 
 from __future__ import annotations
 
 import random
 import re
+
+import numpy as np
 
 MASK = 0xFFFFFFFF
 
@@ -37,7 +42,7 @@ class Block:
     def _parse(self, text: str):
         program, labels, depth = [], {}, 0
         for raw in text.splitlines():
-            line = raw.strip().rstrip(";").strip()
+            line = raw.split("//", 1)[0].strip().rstrip(";").strip()
             if line in ("{", "}"):
                 depth += 1 if line == "{" else -1
                 continue
@@ -226,3 +231,214 @@ class _Thread:
                 self.set(ops[0], old)
             else:
                 raise NotImplementedError(f"PTX {opcode}")
+
+
+# ----------------------------------------------------------------- element-wise statements
+# The kernels' other inline PTX is element-wise: register arithmetic, conversions and
+# ``prmt``/``lop3``, no memory and no branches. ``Lanes`` runs such a statement on every
+# element of numpy arrays at once (each array a ``$`` operand's 32-bit register, one
+# element a lane), so that whole input ranges can be checked against the contract.
+
+def _u32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64).astype(np.uint32)
+
+
+def _f32(bits: np.ndarray) -> np.ndarray:
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _round_exact(s: np.ndarray, err: np.ndarray, mantissa_bits: int, min_exponent: int
+                 ) -> np.ndarray:
+    """float64 ``s + err`` (exactly: ``err`` is the rounding error of ``s``, from a
+    two-sum) rounded to nearest even in a binary format of ``mantissa_bits`` stored bits
+    whose normal numbers start at ``2**min_exponent`` (subnormals below), as float64. No
+    overflow: the callers' values lie in range."""
+    negative = np.signbit(s)
+    a = np.abs(s)
+    e = np.where(negative, -err, err)  # the exact value is a + e
+    _, exponent = np.frexp(a)  # a in [2**(exponent - 1), 2**exponent)
+    quantum = np.ldexp(1.0, np.maximum(exponent - 1, min_exponent) - mantissa_bits)
+    n = a / quantum  # exact: a power of two
+    whole = np.floor(n)
+    frac = n - whole
+    up = (frac > 0.5) | ((frac == 0.5) & ((e > 0) | ((e == 0) & (whole % 2 == 1))))
+    r = (whole + up) * quantum
+    return np.where(negative, -r, r)
+
+
+def _two_sum(p: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = p + c
+    pb = s - c
+    return s, (p - pb) + (c - (s - pb))
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, mantissa_bits: int) -> np.ndarray:
+    """a * b + c rounded once (float64 operands of at most 24 significant bits: their
+    product is exact in float64)."""
+    s, err = _two_sum(a * b, c)
+    return _round_exact(s, err, mantissa_bits, -126)
+
+
+def _to_bf16_bits(x64: np.ndarray) -> np.ndarray:
+    """float64 values that bf16 holds -> their 16 bits (in a uint32)."""
+    return x64.astype(np.float32).view(np.uint32) >> 16
+
+
+def _bf16_halves(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lo = ((bits & 0xFFFF) << 16).view(np.float32).astype(np.float64)
+    hi = (bits & 0xFFFF0000).view(np.float32).astype(np.float64)
+    return lo, hi
+
+
+def _rn_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """``cvt.rn.bf16.f32``: float32 -> the bits of the nearest bf16 (ties to even; NaN ->
+    the canonical 0x7FFF)."""
+    x64 = x.astype(np.float64)
+    bits = _to_bf16_bits(_round_exact(x64, np.zeros_like(x64), 7, -126))
+    return np.where(np.isnan(x), np.uint32(0x7FFF), bits)
+
+
+def _rn_satfinite_e4m3(x: np.ndarray) -> np.ndarray:
+    """``cvt.rn.satfinite.e4m3.f32``: float32 -> e4m3fn byte, ties to even, beyond 448
+    clamped to +-448, NaN -> 0x7F."""
+    x64 = x.astype(np.float64)
+    r = np.clip(_round_exact(x64, np.zeros_like(x64), 3, -6), -448.0, 448.0)
+    a = np.abs(r)
+    _, exponent = np.frexp(a)
+    normal = a >= 2.0**-6
+    field = np.where(normal, exponent - 1 + 7, 0)  # biased exponent
+    mantissa = np.where(normal, a / np.ldexp(1.0, exponent - 1) * 8 - 8, a * 512)
+    code = (field.astype(np.int64) << 3) | mantissa.astype(np.int64)
+    code = code | (np.signbit(r).astype(np.int64) << 7)
+    return np.where(np.isnan(x), 0x7F, code).astype(np.uint32)
+
+
+def _prmt(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``prmt.b32`` in its default mode: output byte i is byte ``c[4i:4i+3]`` of {b, a}
+    (a's bytes 0-3, b's 4-7), or that byte's top bit spread over it when ``c[4i+3]``."""
+    pool = (a.astype(np.uint64) | (b.astype(np.uint64) << 32))
+    out = np.zeros_like(a, dtype=np.uint32)
+    for i in range(4):
+        selector = (c >> (4 * i)) & 0xF
+        byte = ((pool >> ((selector & 7).astype(np.uint64) * 8)) & 0xFF).astype(np.uint32)
+        byte = np.where(selector & 8, np.where(byte & 0x80, 0xFF, 0), byte).astype(np.uint32)
+        out |= byte << (8 * i)
+    return out
+
+
+def _lop3(a: np.ndarray, b: np.ndarray, c: np.ndarray, table: int) -> np.ndarray:
+    """``lop3.b32``: each result bit is bit ``4 a + 2 b + c`` of ``table`` (a = 0xF0, b =
+    0xCC, c = 0xAA)."""
+    out = np.zeros_like(a, dtype=np.uint32)
+    for index in range(8):
+        if table >> index & 1:
+            out |= ((a if index & 4 else ~a) & (b if index & 2 else ~b)
+                    & (c if index & 1 else ~c))
+    return out
+
+
+def _shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
+    """Logical shifts; by 32 or more, 0 (as in PTX)."""
+    b = b.astype(np.uint32)
+    shifted = (a << (b & 31)) if left else (a >> (b & 31))
+    return np.where(b >= 32, np.uint32(0), shifted).astype(np.uint32)
+
+
+def _max_xorsign_abs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``max.xorsign.abs.f32``: max(|a|, |b|) with the sign of a times that of b."""
+    magnitude = np.maximum(a & 0x7FFFFFFF, b & 0x7FFFFFFF)  # finite: ordered as integers
+    return magnitude | ((a ^ b) & 0x80000000)
+
+
+def _fma_bf16x2(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``fma.rn.bf16x2``: each half's a * b + c rounded once to bf16."""
+    (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = (_bf16_halves(x) for x in (a, b, c))
+    return ((_to_bf16_bits(_fma(a_hi, b_hi, c_hi, 7)) << 16)
+            | _to_bf16_bits(_fma(a_lo, b_lo, c_lo, 7)))
+
+
+_LANE_OPS = {
+    "and.b32": lambda a, b: a & b,
+    "or.b32": lambda a, b: a | b,
+    "xor.b32": lambda a, b: a ^ b,
+    "add.s32": lambda a, b: a + b,
+    "add.u32": lambda a, b: a + b,
+    "sub.s32": lambda a, b: a - b,
+    "sub.u32": lambda a, b: a - b,
+    "shl.b32": lambda a, b: _shift(a, b, True),
+    "shr.b32": lambda a, b: _shift(a, b, False),
+    "shr.u32": lambda a, b: _shift(a, b, False),
+    "mad.lo.s32": lambda a, b, c: a * b + c,
+    "mad.lo.u32": lambda a, b, c: a * b + c,
+    "mov.b32": lambda a: a,
+    "abs.f32": lambda a: a & 0x7FFFFFFF,
+    "max.f32": lambda a, b: np.fmax(_f32(a), _f32(b)).view(np.uint32),
+    "max.xorsign.abs.f32": _max_xorsign_abs,
+    "fma.rn.f32": lambda a, b, c: _fma(*(_f32(x).astype(np.float64) for x in (a, b, c)), 23)
+    .astype(np.float32).view(np.uint32),
+    "fma.rn.bf16x2": lambda a, b, c: _fma_bf16x2(a, b, c),
+    "cvt.rn.bf16x2.f32": lambda a, b: (_rn_bf16_bits(_f32(a)) << 16) | _rn_bf16_bits(_f32(b)),
+    "cvt.rn.satfinite.e4m3x2.f32": lambda a, b: (_rn_satfinite_e4m3(_f32(a)) << 8)
+    | _rn_satfinite_e4m3(_f32(b)),
+    "prmt.b32": _prmt,
+    "lop3.b32": _lop3,
+}
+
+
+class Lanes:
+    """An element-wise PTX statement, parsed once, run on arrays of lanes.
+
+    It knows only what those statements use: ``and``/``or``/``xor``, ``add``/``sub``,
+    ``mad.lo``, logical ``shl``/``shr``, ``mov.b32`` (also ``{lo, hi}`` from two 16-bit
+    registers), ``prmt.b32`` (default mode), ``lop3.b32``, ``abs``/``max``/
+    ``max.xorsign.abs``/``fma.rn`` of ``.f32``, ``fma.rn.bf16x2``, ``cvt.rn.bf16x2.f32``
+    and ``cvt.rn.satfinite.e4m3x2.f32`` (the first source in the high half), with hex,
+    decimal and ``0f`` float immediates. Conversions and fused multiply-adds round once,
+    to nearest even, computed exactly here (not through another conversion)."""
+
+    def __init__(self, text: str) -> None:
+        self.program, labels = Block()._parse(text)
+        if labels or any(guard is not None for guard, _, _ in self.program):
+            raise NotImplementedError("branches and predicates: use Block")
+        for _, opcode, _ in self.program:
+            if opcode not in _LANE_OPS:
+                raise NotImplementedError(f"PTX {opcode}")
+
+    def run(self, inputs: list, outputs: int) -> list[np.ndarray]:
+        """``inputs``: the input operands' 32-bit registers in order (``$outputs`` on), each
+        an array of lanes (or a number for all); returns the ``outputs`` results."""
+        shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
+        operands = [None] * outputs + [np.broadcast_to(_u32(x), shape) for x in inputs]
+        registers: dict[str, np.ndarray] = {}
+
+        def value(token: str) -> np.ndarray:
+            if token.startswith("{"):  # {lo, hi}: two 16-bit registers into one
+                lo, hi = (value(t.strip()) for t in token[1:-1].split(","))
+                return (lo & 0xFFFF) | (hi << 16)
+            if token.startswith("$"):
+                x = operands[int(token[1:])]
+                if x is None:
+                    raise ValueError(f"{token} read before it is written")
+                return x
+            if token.startswith("0f"):
+                return np.full(shape, int(token[2:], 16), dtype=np.uint32)
+            if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", token):
+                return np.full(shape, int(token, 0) & MASK, dtype=np.uint32)
+            return registers[token]
+
+        for _, opcode, ops in self.program:
+            if opcode == "lop3.b32":  # (its last operand is the table, not a register)
+                result = _lop3(*[value(t) for t in ops[1:4]], int(ops[4], 0))
+            else:
+                result = _LANE_OPS[opcode](*[value(t) for t in ops[1:]])
+            result = np.asarray(result).astype(np.uint32)
+            if ops[0].startswith("$"):
+                index = int(ops[0][1:])
+                if index >= outputs:
+                    raise ValueError(f"{ops[0]} is an input")
+                operands[index] = result
+            else:
+                registers[ops[0]] = result
+        if any(x is None for x in operands[:outputs]):
+            raise ValueError("an output the statement never writes")
+        return operands[:outputs]
