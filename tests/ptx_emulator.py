@@ -3,14 +3,16 @@ checked where no GPU is. Passing here is necessary, not sufficient: a statement 
 passed here once failed on the GPU (BENCHMARKS.md, "Counting, ranking and sampling in
 shared memory").
 
-``Block`` runs the top-k's shared-memory statements (the select kernel's slots, the
-sample's threshold) thread by thread. It knows only the instructions those statements
+``Block`` runs the top-k's statements that share memory or a warp (the select kernel's
+slots, the sample's threshold, the filter's per-warp append) thread by thread. It knows only the instructions those statements
 use: 32-bit ``mov`` (also of ``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``,
 ``mad.lo``, ``and``, ``or``, ``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as
 in PTX), ``clz``, unsigned ``setp`` (with ``.and``/``.or``), ``selp``,
-``ld``/``st``/``red``/``atom.shared`` (32-bit), ``popc``, ``match.any.sync`` (over each 32
-threads, ``%lanemask_lt``), ``bra``, labels, predicates (``@p``, ``@!p``) and
-``bar.sync``; ``.reg`` and ``.shared`` declarations. A CTA's threads run one at a time in
+``ld``/``st``/``red``/``atom.shared`` (32-bit), ``popc``, ``match.any.sync``,
+``vote.sync.ballot`` and ``shfl.sync.idx`` (over each 32 threads, the full mask;
+``%lanemask_lt``), ``bra``, labels, predicates (``@p``, ``@!p``) and ``bar.sync``;
+``.reg`` and ``.shared`` declarations; for global buffers (``allocate_global``, below
+2**32) ``mad.wide.u32``, ``atom.global.relaxed.gpu.add.u32`` and ``st.global.v2.b32``. A CTA's threads run one at a time in
 a random order, each up to its next barrier (where it waits for the whole block) or
 warp-wide match (where it waits for its warp): any such order is one the GPU may take,
 and a missing barrier shows as a warp running ahead into memory another still uses.
@@ -38,6 +40,9 @@ class Block:
         self.symbols: dict[str, int] = {}  # function-scope names: arrays' addresses, ...
         self.size = 0
         self.rng = random.Random(seed)
+        self.global_memory: dict[int, int] = {}  # 32-bit words by byte address
+        self.global_buffers: list[tuple[int, int]] = []
+        self.global_end = 0x10000  # buffers below 2**32: addresses fit a 32-bit register
 
     def _parse(self, text: str):
         program, labels, depth = [], {}, 0
@@ -96,11 +101,13 @@ class Block:
             if stop == "barrier":
                 at_barrier.add(tid)
             else:
-                at_match[tid] = stop[1]
+                at_match[tid] = stop
                 warp = [t for t in steps if t // 32 == tid // 32]
-                if all(t in at_match for t in warp):  # match.any.sync over the warp's lanes
+                if all(t in at_match for t in warp):  # the warp's lanes all there
+                    if len({at_match[t][0] for t in warp}) != 1:
+                        raise RuntimeError("a warp's lanes at different collectives")
                     for t in warp:
-                        sent[t] = sum(1 << (u % 32) for u in warp if at_match[u] == at_match[t])
+                        sent[t] = _collective(warp, at_match, t)
                     for t in warp:
                         del at_match[t]
                     runnable += warp
@@ -109,8 +116,30 @@ class Block:
                     raise RuntimeError("a barrier that not every thread reached")
                 runnable, at_barrier = list(at_barrier), set()
         if at_match or len(ended) != len(steps):
-            raise RuntimeError("a match that not every lane of a warp reached")
+            raise RuntimeError("a warp collective that not every lane of the warp reached")
         return [thread.operands[:outputs] for thread in threads]
+
+    def allocate_global(self, words: int, fill: int = 0xDEADBEEF) -> int:
+        """A global buffer of ``words`` 32-bit words, each holding ``fill``: its address.
+        Global accesses outside every buffer raise ``IndexError``."""
+        base = self.global_end
+        self.global_buffers.append((base, base + 4 * words))
+        for i in range(words):
+            self.global_memory[base + 4 * i] = fill
+        self.global_end = base + 4 * words + 256  # a gap: a step past one buffer misses
+        return base
+
+    def load_global(self, address: int) -> int:
+        self._check_global(address)
+        return self.global_memory[address]
+
+    def store_global(self, address: int, value: int) -> None:
+        self._check_global(address)
+        self.global_memory[address] = value & MASK
+
+    def _check_global(self, address: int) -> None:
+        if address % 4 or not any(lo <= address < hi for lo, hi in self.global_buffers):
+            raise IndexError(f"global address {address:#x} outside every buffer or unaligned")
 
     def load(self, address: int) -> int:
         self._check(address)
@@ -123,6 +152,21 @@ class Block:
     def _check(self, address: int) -> None:
         if address % 4 or not 0 <= address < self.size:
             raise IndexError(f"shared address {address} outside [0, {self.size}) or unaligned")
+
+
+def _collective(warp: list[int], arrived: dict[int, tuple], tid: int) -> int:
+    """What lane ``tid`` gets from its warp's collective: ``match.any`` the lanes whose
+    value equals its own, ``vote.ballot`` the lanes whose predicate holds, ``shfl.idx``
+    the value of the lane it names."""
+    kind, value = arrived[tid][:2]
+    if kind == "match":
+        return sum(1 << (u % 32) for u in warp if arrived[u][1] == value)
+    if kind == "ballot":
+        return sum(1 << (u % 32) for u in warp if arrived[u][1])
+    source = warp[0] - warp[0] % 32 + arrived[tid][2]
+    if source not in arrived:
+        raise RuntimeError(f"shfl from lane {source % 32}, which is not in the warp")
+    return arrived[source][1]
 
 
 _BINARY = {
@@ -193,11 +237,19 @@ class _Thread:
                 yield "barrier"
             elif opcode == "match.any.sync.b32":  # every lane of the warp, at once
                 self.set(ops[0], (yield ("match", self.value(ops[1]))))
+            elif opcode == "vote.sync.ballot.b32":
+                self._full_mask(ops[2])
+                self.set(ops[0], (yield ("ballot", self.predicates[ops[1]])))
+            elif opcode == "shfl.sync.idx.b32":  # shfl.sync.idx d, a, lane, 0x1f, mask
+                self._full_mask(ops[4])
+                if self.value(ops[3]) != 0x1F:
+                    raise NotImplementedError("shfl.idx within sub-warp segments")
+                self.set(ops[0], (yield ("shfl", self.value(ops[1]), self.value(ops[2]) % 32)))
             elif opcode == "popc.b32":
                 self.set(ops[0], bin(self.value(ops[1])).count("1"))
             elif opcode == "bra":
                 pc = self.labels[ops[0]]
-            elif opcode == "mov.u32":
+            elif opcode in ("mov.u32", "mov.b32"):
                 self.set(ops[0], self.value(ops[1]))
             elif opcode == "mad.lo.u32":
                 self.set(ops[0], self.value(ops[1]) * self.value(ops[2]) + self.value(ops[3]))
@@ -229,8 +281,24 @@ class _Thread:
                 old = self.block.load(address)
                 self.block.store(address, old + self.value(ops[2]))
                 self.set(ops[0], old)
+            elif opcode == "mad.wide.u32":  # (a 64-bit result: global addresses)
+                self.registers[ops[0]] = (self.value(ops[1]) * self.value(ops[2])
+                                          + self.value(ops[3]))
+            elif opcode == "atom.global.relaxed.gpu.add.u32":
+                address = self.address(ops[1])
+                old = self.block.load_global(address)
+                self.block.store_global(address, old + self.value(ops[2]))
+                self.set(ops[0], old)
+            elif opcode == "st.global.v2.b32":  # st [a], {lo, hi}: two words from a
+                address = self.address(ops[0])
+                for i, word in enumerate(ops[1].strip()[1:-1].split(",")):
+                    self.block.store_global(address + 4 * i, self.value(word))
             else:
                 raise NotImplementedError(f"PTX {opcode}")
+
+    def _full_mask(self, token: str) -> None:
+        if self.value(token) != MASK:
+            raise NotImplementedError("warp collectives over part of a warp")
 
 
 # ----------------------------------------------------------------- element-wise statements

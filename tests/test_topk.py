@@ -742,6 +742,45 @@ def test_sample_threshold_statement_on_an_emulated_block(pack, threads, kind, bi
         emulated.run(topk_kernels.shared_threshold_ptx(pack), [], outputs=0)
 
 
+@pytest.mark.parametrize("room", ["room", "overflow"])
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0], ids=["none-taken", "some-taken", "all-taken"])
+@pytest.mark.parametrize("threads", [32, 96])
+def test_warp_append_statement_on_an_emulated_block(threads, share, room):
+    """The filter's warp append (``_WARP_APPEND_PTX``), its text run on an emulated block
+    with the elements dealt to the threads in a random order: each warp reserves its
+    taken pairs with one atomic add on the row's counter (which earlier programs have
+    moved already), every taken pair lands once in its own slot below the capacity, no
+    word before the counter's start, past the capacity or outside the buffer changes, and
+    the counter ends at the total taken, past the capacity too (the select kernel reads an
+    overflow there)."""
+    n = topk_kernels.WARP_APPEND_ELEMENTS
+    size = n * threads
+    g = generator(threads + int(10 * share) + len(room))
+    taken = (torch.rand(size, generator=g) < share).tolist()
+    keys = torch.randint(0, 2**32, (size,), generator=g).tolist()
+    total = sum(taken)
+    before = 7  # pairs earlier programs appended
+    capacity = before + total + 3 if room == "room" else before + total // 2
+    emulated = Block(seed=size)
+    poison = 0xDEADBEEF
+    row = emulated.allocate_global(2 * (capacity + 4), fill=poison)
+    counter = emulated.allocate_global(1, fill=before)
+    deal = torch.randperm(size, generator=g).view(threads, n).tolist()
+    results = emulated.run(topk_kernels._WARP_APPEND_PTX.value, [
+        [0] * n + [int(taken[i]) for i in mine] + [keys[i] for i in mine] + mine
+        + [row] * n + [counter] * n + [capacity] * n for mine in deal], outputs=n)
+    assert all(out == [0] * n for out in results)
+    assert emulated.load_global(counter) == before + total
+    words = [emulated.load_global(row + 4 * w) for w in range(2 * (capacity + 4))]
+    slots = [(words[2 * s], words[2 * s + 1]) for s in range(capacity + 4)]
+    written = slots[before:min(capacity, before + total)]
+    assert all(slot == (poison, poison) for slot in slots[:before] + slots[before + len(written):])
+    pairs = [(i, keys[i]) for i in range(size) if taken[i]]
+    assert len(set(written)) == len(written) and set(written) <= set(pairs)
+    if room == "room":
+        assert sorted(written) == pairs
+
+
 def check_pdl_mode(kernels, mode):
     for launch in kernels:
         assert launch.state.fixed["USE_PDL"] == mode
