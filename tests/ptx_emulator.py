@@ -4,18 +4,20 @@ passed here once failed on the GPU (BENCHMARKS.md, "Counting, ranking and sampli
 shared memory").
 
 ``Block`` runs the top-k's statements that share memory or a warp (the select kernel's
-slots, the sample's threshold, the filter's per-warp append) thread by thread. It knows only the instructions those statements
-use: 32-bit ``mov`` (also of ``%tid.x``, ``%ntid.x``), ``add``, ``sub``, ``mul.lo``,
-``mad.lo``, ``and``, ``or``, ``xor``, ``not``, ``shl``, ``shr`` (shifts past 31 give 0, as
-in PTX), ``clz``, unsigned ``setp`` (with ``.and``/``.or``), ``selp``,
+slots, the sample's threshold, the filter's per-warp append) thread by thread. It knows
+only the instructions those statements use: 32-bit ``mov`` (also of ``%tid.x``,
+``%ntid.x``), ``add``, ``sub``, ``mul.lo``, ``mad.lo``, ``and``, ``or``, ``xor``,
+``not``, ``shl``, ``shr`` (shifts past 31 give 0, as in PTX), ``clz``, ``setp``
+(unsigned, or ``eq``/``ne`` of any 32-bit type; with ``.and``/``.or``), ``selp``,
 ``ld``/``st``/``red``/``atom.shared`` (32-bit), ``popc``, ``match.any.sync``,
 ``vote.sync.ballot`` and ``shfl.sync.idx`` (over each 32 threads, the full mask;
 ``%lanemask_lt``), ``bra``, labels, predicates (``@p``, ``@!p``) and ``bar.sync``;
 ``.reg`` and ``.shared`` declarations; for global buffers (``allocate_global``, below
-2**32) ``mad.wide.u32``, ``atom.global.relaxed.gpu.add.u32`` and ``st.global.v2.b32``. A CTA's threads run one at a time in
-a random order, each up to its next barrier (where it waits for the whole block) or
-warp-wide match (where it waits for its warp): any such order is one the GPU may take,
-and a missing barrier shows as a warp running ahead into memory another still uses.
+2**32) ``mad.wide.u32``, ``atom.global.relaxed.gpu.add.u32`` and ``st.global``
+(``.b32``, ``.v2.b32``). A CTA's threads run one at a time in a random order, each up to
+its next barrier (where it waits for the whole block) or warp collective (where it waits
+for its warp): any such order is one the GPU may take, and a missing barrier shows as a
+warp running ahead into memory another still uses.
 
 ``Lanes`` runs an element-wise statement (the store's conversions, the scorer's decodes)
 on every element of numpy arrays at once; its class docstring lists what it knows.
@@ -261,7 +263,7 @@ class _Thread:
                 self.set(ops[0], 32 - self.value(ops[1]).bit_length())
             elif opcode == "selp.b32":
                 self.set(ops[0], self.value(ops[1] if self.predicates[ops[3]] else ops[2]))
-            elif parts[0] == "setp" and parts[-1] == "u32":
+            elif parts[0] == "setp" and (parts[-1] == "u32" or parts[1] in ("eq", "ne")):
                 a, b = self.value(ops[1]), self.value(ops[2])
                 result = {"eq": a == b, "ne": a != b, "ge": a >= b, "gt": a > b,
                           "lt": a < b, "le": a <= b}[parts[1]]
@@ -289,6 +291,8 @@ class _Thread:
                 old = self.block.load_global(address)
                 self.block.store_global(address, old + self.value(ops[2]))
                 self.set(ops[0], old)
+            elif opcode == "st.global.b32":
+                self.block.store_global(self.address(ops[0]), self.value(ops[1]))
             elif opcode == "st.global.v2.b32":  # st [a], {lo, hi}: two words from a
                 address = self.address(ops[0])
                 for i, word in enumerate(ops[1].strip()[1:-1].split(",")):

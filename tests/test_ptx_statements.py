@@ -17,7 +17,7 @@ from indexer_kcache import reference
 from indexer_kcache.kernels import logits as kl
 from indexer_kcache.kernels import numerics
 
-from .ptx_emulator import Lanes, _fma, _prmt, _round_exact
+from .ptx_emulator import Block, Lanes, _fma, _prmt, _round_exact
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
 
@@ -219,3 +219,22 @@ def test_f16_to_bf16_of_every_e4m3_pair():
     want_lo, want_hi = (v.ravel() for v in np.meshgrid(values, values))
     assert same_values(bf16_values(got & 0xFFFF), want_lo)
     assert same_values(bf16_values(got >> 16), want_hi)
+
+
+def test_logits_stored_in_place_only_where_the_mask_says():
+    """``_STORE_PTX`` (the one-row programs' logits stored from the dot's layout): a
+    thread's float32 lands at its address where its mask is set, and nothing else is
+    written; two threads hold each position (the same bits), as a quad's do."""
+    emulated = Block()
+    poison = 0xDEADBEEF
+    positions = 48
+    out = emulated.allocate_global(positions, fill=poison)
+    g = np.random.default_rng()
+    values = g.standard_normal(positions).astype(np.float32).view(np.uint32)
+    mask = g.random(positions) < 0.5
+    threads = [[0, out + 4 * (t // 2), int(values[t // 2]), int(mask[t // 2])]
+               for t in range(2 * positions)]
+    results = emulated.run(kl._STORE_PTX.value, threads, outputs=1)
+    assert all(r == [0] for r in results)
+    for p in range(positions):
+        assert emulated.load_global(out + 4 * p) == (int(values[p]) if mask[p] else poison)
