@@ -416,10 +416,15 @@ def _shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
     return np.where(b >= 32, np.uint32(0), shifted).astype(np.uint32)
 
 
-def _max_xorsign_abs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``max.xorsign.abs.f32``: max(|a|, |b|) with the sign of a times that of b."""
-    magnitude = np.maximum(a & 0x7FFFFFFF, b & 0x7FFFFFFF)  # finite: ordered as integers
-    return magnitude | ((a ^ b) & 0x80000000)
+def _max_xorsign_abs(a: np.ndarray, b: np.ndarray, nan: bool = False) -> np.ndarray:
+    """``max{.NaN}.xorsign.abs.f32``: max(|a|, |b|) with the sign of a times that of b; a
+    NaN operand is ignored, or with ``.NaN`` makes the result the canonical NaN."""
+    magnitude = np.fmax(_f32(a & 0x7FFFFFFF), _f32(b & 0x7FFFFFFF)).view(np.uint32)
+    result = magnitude | ((a ^ b) & 0x80000000)
+    if nan:
+        either = np.isnan(_f32(a)) | np.isnan(_f32(b))
+        result = np.where(either, np.uint32(0x7FFFFFFF), result)
+    return result
 
 
 def _fma_bf16x2(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -446,6 +451,7 @@ _LANE_OPS = {
     "abs.f32": lambda a: a & 0x7FFFFFFF,
     "max.f32": lambda a, b: np.fmax(_f32(a), _f32(b)).view(np.uint32),
     "max.xorsign.abs.f32": _max_xorsign_abs,
+    "max.NaN.xorsign.abs.f32": lambda a, b: _max_xorsign_abs(a, b, nan=True),
     "fma.rn.f32": lambda a, b, c: _fma(*(_f32(x).astype(np.float64) for x in (a, b, c)), 23)
     .astype(np.float32).view(np.uint32),
     "fma.rn.bf16x2": lambda a, b, c: _fma_bf16x2(a, b, c),
@@ -463,7 +469,7 @@ class Lanes:
     It knows only what those statements use: ``and``/``or``/``xor``, ``add``/``sub``,
     ``mad.lo``, logical ``shl``/``shr``, ``mov.b32`` (also ``{lo, hi}`` from two 16-bit
     registers), ``prmt.b32`` (default mode), ``lop3.b32``, ``abs``/``max``/
-    ``max.xorsign.abs``/``fma.rn`` of ``.f32``, ``fma.rn.bf16x2``, ``cvt.rn.bf16x2.f32``
+    ``max{.NaN}.xorsign.abs``/``fma.rn`` of ``.f32``, ``fma.rn.bf16x2``, ``cvt.rn.bf16x2.f32``
     and ``cvt.rn.satfinite.e4m3x2.f32`` (the first source in the high half), with hex,
     decimal and ``0f`` float immediates. Conversions and fused multiply-adds round once,
     to nearest even, computed exactly here (not through another conversion)."""

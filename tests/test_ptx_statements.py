@@ -16,6 +16,7 @@ import torch
 from indexer_kcache import reference
 from indexer_kcache.kernels import logits as kl
 from indexer_kcache.kernels import numerics
+from indexer_kcache.kernels import store as ks
 
 from .ptx_emulator import Block, Lanes, _fma, _prmt, _round_exact
 
@@ -165,6 +166,22 @@ def test_e2m1_four_bytes_of_unscaled_keys(rng):
         assert np.array_equal(byte(got, i), want[:, i])
 
 
+def test_max_abs_keeping_sign_propagates_nan(rng):
+    """``_MAX_ABS_KEEPING_SIGN_PTX`` (the store's group maximum with the sign of the pair's
+    product): max(|x|, |y|) of finite and infinite values, and a NaN whichever operand
+    holds it, so that a poisoned key's maximum reaches NaN's bits."""
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, -6.0, 448.0],
+                        dtype=np.float32)
+    x = np.concatenate([rng.standard_normal(4096).astype(np.float32), np.repeat(specials, 8)])
+    y = np.concatenate([rng.standard_normal(4096).astype(np.float32), np.tile(specials, 8)])
+    (got,) = Lanes(ks._MAX_ABS_KEEPING_SIGN_PTX.value).run([x.view(np.uint32), y.view(np.uint32)], 1)
+    nan = np.isnan(x) | np.isnan(y)
+    assert ((got[nan] & 0x7FFFFFFF) > 0x7F800000).all()
+    magnitude = np.maximum(np.abs(x), np.abs(y))
+    want = np.where(np.signbit(x) ^ np.signbit(y), -magnitude, magnitude)
+    assert same_values(got[~nan].view(np.float32), want[~nan])
+
+
 # ------------------------------------------------------------------ the scorer's decode
 def test_e2m1_to_e4m3_both_nibbles_of_four_bytes(rng):
     """``_E2M1_TO_E4M3_PTX``: four packed bytes -> e4m3 bytes of each code's value times
@@ -238,3 +255,25 @@ def test_logits_stored_in_place_only_where_the_mask_says():
     assert all(r == [0] for r in results)
     for p in range(positions):
         assert emulated.load_global(out + 4 * p) == (int(values[p]) if mask[p] else poison)
+
+
+# The statements each test above (or test_topk's emulated-block tests) runs; the L2
+# prefetch hint alone is left out: it has no result and writes nothing.
+EMULATED = {"_E4M3_X4_PTX", "_BF16_PAIR_PTX", "_E2M1_PAIR_PTX", "_E2M1_X4_PTX",
+            "_MAX_ABS_KEEPING_SIGN_PTX", "_E2M1_TO_E4M3_PTX", "_FP4_WORD_PTX",
+            "_BF16_TABLES_PTX", "_FP4_BF16_PTX", "_F16_TO_BF16_PTX", "_STORE_PTX",
+            "_WARP_APPEND_PTX", "_shared_slots_ptx", "_shared_threshold_ptx"}
+NOT_EMULATED = {"_PREFETCH_L2_PTX"}
+
+
+def test_every_inline_ptx_statement_is_emulated():
+    """A new inline PTX statement in a kernel comes with a CPU test of its text here."""
+    import pathlib
+    import re
+
+    kernels = pathlib.Path(kl.__file__).parent
+    used = set()
+    for source in kernels.glob("*.py"):
+        for call in re.findall(r"inline_asm_elementwise\(\s*([^,]+),", source.read_text()):
+            used.add(re.match(r"\s*(\w+)", call).group(1))
+    assert used == EMULATED | NOT_EMULATED

@@ -164,10 +164,13 @@ def _amax_bits_by_group(x, y, SIGNED_LEVELS: tl.constexpr):
     return tl.max(tl.max(tl.max(bits, axis=4), axis=3), axis=1)
 
 
+_MAX_ABS_KEEPING_SIGN_PTX: tl.constexpr = tl.constexpr("max.NaN.xorsign.abs.f32 $0, $1, $2;")
+
+
 @triton.jit
 def _max_abs_keeping_sign(a, b):
     """max(|a|, |b|) (NaN if either is) with the sign of a * b: one instruction."""
-    return tl.inline_asm_elementwise("max.NaN.xorsign.abs.f32 $0, $1, $2;", "=r,r,r", [a, b],
+    return tl.inline_asm_elementwise(_MAX_ABS_KEEPING_SIGN_PTX, "=r,r,r", [a, b],
                                      dtype=tl.float32, is_pure=True, pack=1)
 
 
