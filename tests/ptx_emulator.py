@@ -238,6 +238,7 @@ class _Thread:
             if opcode == "bar.sync":
                 yield "barrier"
             elif opcode == "match.any.sync.b32":  # every lane of the warp, at once
+                self._full_mask(ops[2])
                 self.set(ops[0], (yield ("match", self.value(ops[1]))))
             elif opcode == "vote.sync.ballot.b32":
                 self._full_mask(ops[2])
@@ -347,8 +348,9 @@ def _two_sum(p: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, mantissa_bits: int) -> np.ndarray:
     """a * b + c rounded once (float64 operands of at most 24 significant bits: their
     product is exact in float64)."""
-    s, err = _two_sum(a * b, c)
-    return _round_exact(s, err, mantissa_bits, -126)
+    with np.errstate(invalid="ignore"):  # (inf * 0 is NaN, as in PTX)
+        s, err = _two_sum(a * b, c)
+        return _round_exact(s, err, mantissa_bits, -126)
 
 
 def _to_bf16_bits(x64: np.ndarray) -> np.ndarray:
@@ -416,22 +418,34 @@ def _shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
     return np.where(b >= 32, np.uint32(0), shifted).astype(np.uint32)
 
 
+def _canonical_nan(bits: np.ndarray, nan: int = 0x7FFFFFFF) -> np.ndarray:
+    """float32 results whose NaNs are PTX's canonical one (numpy keeps payloads)."""
+    return np.where(np.isnan(_f32(bits)), np.uint32(nan), bits).astype(np.uint32)
+
+
+def _max_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``max.f32``: a NaN operand ignored (both NaN: the canonical NaN), +0 above -0."""
+    result = np.fmax(_f32(a), _f32(b)).view(np.uint32)
+    zeros = ((a | b) & 0x7FFFFFFF) == 0
+    return _canonical_nan(np.where(zeros, a & b, result))
+
+
 def _max_xorsign_abs(a: np.ndarray, b: np.ndarray, nan: bool = False) -> np.ndarray:
     """``max{.NaN}.xorsign.abs.f32``: max(|a|, |b|) with the sign of a times that of b; a
-    NaN operand is ignored, or with ``.NaN`` makes the result the canonical NaN."""
+    NaN operand is ignored (both NaN: the canonical NaN), or with ``.NaN`` makes the
+    result the canonical NaN."""
+    a_nan, b_nan = np.isnan(_f32(a)), np.isnan(_f32(b))
     magnitude = np.fmax(_f32(a & 0x7FFFFFFF), _f32(b & 0x7FFFFFFF)).view(np.uint32)
     result = magnitude | ((a ^ b) & 0x80000000)
-    if nan:
-        either = np.isnan(_f32(a)) | np.isnan(_f32(b))
-        result = np.where(either, np.uint32(0x7FFFFFFF), result)
-    return result
+    return np.where((a_nan | b_nan) if nan else (a_nan & b_nan), np.uint32(0x7FFFFFFF), result)
 
 
 def _fma_bf16x2(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``fma.rn.bf16x2``: each half's a * b + c rounded once to bf16."""
     (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = (_bf16_halves(x) for x in (a, b, c))
-    return ((_to_bf16_bits(_fma(a_hi, b_hi, c_hi, 7)) << 16)
-            | _to_bf16_bits(_fma(a_lo, b_lo, c_lo, 7)))
+    hi, lo = (_canonical_nan(_to_bf16_bits(_fma(x, y, z, 7)) << 16) >> 16
+              for x, y, z in ((a_hi, b_hi, c_hi), (a_lo, b_lo, c_lo)))
+    return (hi << 16) | lo  # (a NaN half: the canonical 0x7FFF)
 
 
 _LANE_OPS = {
@@ -449,11 +463,12 @@ _LANE_OPS = {
     "mad.lo.u32": lambda a, b, c: a * b + c,
     "mov.b32": lambda a: a,
     "abs.f32": lambda a: a & 0x7FFFFFFF,
-    "max.f32": lambda a, b: np.fmax(_f32(a), _f32(b)).view(np.uint32),
+    "max.f32": _max_f32,
     "max.xorsign.abs.f32": _max_xorsign_abs,
     "max.NaN.xorsign.abs.f32": lambda a, b: _max_xorsign_abs(a, b, nan=True),
-    "fma.rn.f32": lambda a, b, c: _fma(*(_f32(x).astype(np.float64) for x in (a, b, c)), 23)
-    .astype(np.float32).view(np.uint32),
+    "fma.rn.f32": lambda a, b, c: _canonical_nan(
+        _fma(*(_f32(x).astype(np.float64) for x in (a, b, c)), 23).astype(np.float32)
+        .view(np.uint32)),
     "fma.rn.bf16x2": lambda a, b, c: _fma_bf16x2(a, b, c),
     "cvt.rn.bf16x2.f32": lambda a, b: (_rn_bf16_bits(_f32(a)) << 16) | _rn_bf16_bits(_f32(b)),
     "cvt.rn.satfinite.e4m3x2.f32": lambda a, b: (_rn_satfinite_e4m3(_f32(a)) << 8)
