@@ -100,3 +100,45 @@ def make_case(
         use_fp4_cache=use_fp4_cache, num_blocks=num_blocks, block_size=block_size,
         page_bytes=block_size * row + page_pad,
     )
+
+
+def every_bf16_up_to_6() -> torch.Tensor:
+    """Every non-negative bf16 value up to 6 (each E2M1 threshold, tie and neighbour among
+    them), as float32."""
+    return torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+
+
+def scaled_e2m1_pairs(g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs of scaled values for an E2M1 byte: every bf16 value in [-6, 6], and those of
+    at least 1 scaled down to float32's subnormals, each with a shuffled partner."""
+    x = every_bf16_up_to_6()
+    big = x[x.abs() >= 1]
+    x = torch.cat([x, big * torch.exp2(-torch.randint(0, 150, (big.numel(),), generator=g).float())])
+    x = torch.cat([x, -x])
+    return x, x[torch.randperm(x.numel(), generator=g)]
+
+
+def unscaled_e2m1_keys(g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """What the store hands its E2M1 encode: bf16 keys x, y and their group's exponent e,
+    |x|, |y| <= 6 * 2**e: every bf16 value v in [-6, 6], and a shuffled partner, times 2**e
+    for random e in -126..126, then each value below 4 at both extremes, rounded to bf16 as
+    keys are (those below bf16's normal range lose bits: the reference scales what is
+    stored; 2**126 times more than 4 is no bf16 value). Returns (x, y, e, the E2M1 bytes
+    of x / 2**e and y / 2**e by the reference)."""
+    from indexer_kcache import reference
+
+    v = every_bf16_up_to_6()
+    v = torch.cat([v, -v])
+    e = torch.randint(-126, 127, (v.numel(),), dtype=torch.int32, generator=g)
+    below_4 = v[v.abs() < 4]
+    v = torch.cat([v, below_4, below_4])
+    e = torch.cat([e, torch.full_like(below_4, -126, dtype=torch.int32),
+                   torch.full_like(below_4, 126, dtype=torch.int32)])
+    scale = torch.exp2(e.double())
+    x = (v.double() * scale).to(torch.bfloat16).float()
+    y = (v[torch.randperm(v.numel(), generator=g)].double() * scale).to(torch.bfloat16).float()
+    keys = x.isfinite() & y.isfinite()
+    x, y, e, scale = x[keys], y[keys], e[keys], scale[keys]
+    want = (reference.e2m1_codes((x.double() / scale).float())
+            | (reference.e2m1_codes((y.double() / scale).float()) << 4))
+    return x, y, e, want.to(torch.uint8)

@@ -469,12 +469,12 @@ _LANE_OPS = {
     "fma.rn.f32": lambda a, b, c: _canonical_nan(
         _fma(*(_f32(x).astype(np.float64) for x in (a, b, c)), 23).astype(np.float32)
         .view(np.uint32)),
-    "fma.rn.bf16x2": lambda a, b, c: _fma_bf16x2(a, b, c),
+    "fma.rn.bf16x2": _fma_bf16x2,
     "cvt.rn.bf16x2.f32": lambda a, b: (_rn_bf16_bits(_f32(a)) << 16) | _rn_bf16_bits(_f32(b)),
     "cvt.rn.satfinite.e4m3x2.f32": lambda a, b: (_rn_satfinite_e4m3(_f32(a)) << 8)
     | _rn_satfinite_e4m3(_f32(b)),
     "prmt.b32": _prmt,
-    "lop3.b32": _lop3,
+    "lop3.b32": _lop3,  # (run() passes its table, the last operand, as a number)
 }
 
 

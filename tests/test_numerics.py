@@ -10,7 +10,7 @@ import triton.language as tl
 from indexer_kcache import layout, reference
 from indexer_kcache.kernels import numerics
 
-from .cases import DEVICE
+from .cases import DEVICE, every_bf16_up_to_6, scaled_e2m1_pairs, unscaled_e2m1_keys
 
 
 @triton.jit
@@ -144,8 +144,7 @@ def test_e2m1_encoding_of_every_bf16_up_to_6(exact):
     """What the store encodes: bf16 values times a power of two, |x| <= 6. Every bf16 value
     in [-6, 6] (each threshold, tie and neighbour among them), and scaled ones down to the
     float32 subnormals, against the reference's threshold chain."""
-    bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
-    x = bits.view(torch.bfloat16).float()
+    x = every_bf16_up_to_6()
     big = x[x.abs() >= 1]
     x = torch.cat([x, big * torch.exp2(-torch.randint(0, 150, (big.numel(),)).float()),
                    torch.tensor([2.0**-149, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])])
@@ -159,12 +158,7 @@ def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact):
     arithmetic, the paired e4m3 conversion and the nibble gathering) over every bf16 value
     in [-6, 6], each paired with a shuffled one, and scaled values down to the float32
     subnormals."""
-    bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
-    x = bits.view(torch.bfloat16).float()
-    big = x[x.abs() >= 1]
-    x = torch.cat([x, big * torch.exp2(-torch.randint(0, 150, (big.numel(),)).float())])
-    x = torch.cat([x, -x])
-    y = x[torch.randperm(x.numel())]
+    x, y = scaled_e2m1_pairs()
     want = reference.e2m1_codes(x) | (reference.e2m1_codes(y) << 4)
     assert torch.equal(apply_pair(1, x, y, torch.int32, exact), want)
 
@@ -172,32 +166,14 @@ def test_e2m1_pair_encoding_of_every_bf16_up_to_6(exact):
 @pytest.mark.parametrize("block", [128, 1024], ids=["a-pair-at-a-time", "four-pairs-a-conversion"])
 @pytest.mark.parametrize("exact", exact_modes(), ids=lambda e: "portable" if e else "native")
 def test_e2m1_bytes_of_unscaled_keys(exact, block):
-    """What the store hands the encode: bf16 keys x, y and their group's exponent e, with
-    |x|, |y| <= 6 * 2**e (natively, from 256 pairs a program, four bytes a conversion with
-    the scale folded in). Every bf16 value v in [-6, 6], and a shuffled partner, times 2**e
-    for random e in -126..126, then each value below 4 at both extremes, rounded to bf16 as
-    keys are (those below bf16's normal range lose bits: the reference scales what is
-    stored; 2**126 times more than 4 is no bf16 value)."""
-    g = torch.Generator().manual_seed(5)
-    bits = torch.arange(0, 0x40C1, dtype=torch.int32).to(torch.int16)
-    v = bits.view(torch.bfloat16).float()
-    v = torch.cat([v, -v])
-    e = torch.randint(-126, 127, (v.numel(),), dtype=torch.int32, generator=g)
-    below_4 = v[v.abs() < 4]
-    v = torch.cat([v, below_4, below_4])
-    e = torch.cat([e, torch.full_like(below_4, -126, dtype=torch.int32),
-                   torch.full_like(below_4, 126, dtype=torch.int32)])
-    scale = torch.exp2(e.double())
-    x = (v.double() * scale).to(torch.bfloat16).float()
-    y = (v[torch.randperm(v.numel(), generator=g)].double() * scale).to(torch.bfloat16).float()
-    keys = x.isfinite() & y.isfinite()
-    x, y, e, scale = x[keys], y[keys], e[keys], scale[keys]
-    want = (reference.e2m1_codes((x.double() / scale).float())
-            | (reference.e2m1_codes((y.double() / scale).float()) << 4))
+    """What the store hands the encode (``cases.unscaled_e2m1_keys``): bf16 keys x, y and
+    their group's exponent e, with |x|, |y| <= 6 * 2**e (natively, from 256 pairs a
+    program, four bytes a conversion with the scale folded in)."""
+    x, y, e, want = unscaled_e2m1_keys(torch.Generator().manual_seed(5))
     out = torch.empty(x.numel(), dtype=torch.uint8, device=DEVICE)
     _apply_scaled_pairs[(triton.cdiv(x.numel(), block),)](
         x.to(DEVICE), y.to(DEVICE), e.to(DEVICE), out, x.numel(), EXACT=exact, BLOCK=block)
-    assert torch.equal(out.cpu(), want.to(torch.uint8))
+    assert torch.equal(out.cpu(), want)
 
 
 def test_e2m1_decoding_every_code():

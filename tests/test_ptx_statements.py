@@ -17,10 +17,12 @@ from indexer_kcache import reference
 from indexer_kcache.kernels import logits as kl
 from indexer_kcache.kernels import numerics
 from indexer_kcache.kernels import store as ks
+from indexer_kcache.reference.cache import E2M1_VALUES
 
+from .cases import scaled_e2m1_pairs, unscaled_e2m1_keys
 from .ptx_emulator import Block, Lanes, _fma, _prmt, _round_exact
 
-E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+E2M1 = np.array(E2M1_VALUES)
 
 
 def e2m1_values(codes: np.ndarray) -> np.ndarray:
@@ -51,6 +53,16 @@ def rng() -> np.random.Generator:
     seed = np.random.SeedSequence().entropy
     print(f"numpy seed {seed}")
     return np.random.default_rng(seed)
+
+
+def torch_generator(rng: np.random.Generator) -> torch.Generator:
+    """A torch generator seeded from ``rng`` (for the shared input builders of ``cases``)."""
+    return torch.Generator().manual_seed(int(rng.integers(2**62)))
+
+
+def float_bits(x: torch.Tensor) -> np.ndarray:
+    """float32 values -> their bits, one lane each."""
+    return x.numpy().view(np.uint32)
 
 
 def random_words(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -86,17 +98,11 @@ def test_emulator_prmt_selects_and_spreads_signs():
 
 
 # ------------------------------------------------------------------- the store's encode
-def every_bf16_up_to_6() -> np.ndarray:
-    x = bf16_values(np.arange(0, 0x40C1))
-    return np.concatenate([x, -x])
-
-
 def test_e4m3_four_a_conversion_rounds_to_nearest_even(rng):
     """``_E4M3_X4_PTX``: four floats (one a register) -> four e4m3 bytes, element i in byte
     i: every e4m3 value, every tie between neighbours, random values, against torch."""
     grid = e4m3_values(np.arange(256))
     grid = np.sort(grid[np.isfinite(grid)])
-
     x = np.concatenate([grid, (grid[1:] + grid[:-1]) / 2,
                         rng.uniform(-448, 448, 4096), np.ldexp(rng.uniform(-1, 1, 4096), -7)])
     x = x[: x.size // 4 * 4].astype(np.float32)
@@ -112,7 +118,6 @@ def test_e4m3_four_a_conversion_rounds_to_nearest_even(rng):
 def test_bf16_pair_rounding(rng):
     """``_BF16_PAIR_PTX``: two float32 -> each rounded to bf16 (as a float32), ties and
     random bits, against torch."""
-
     bits = rng.integers(0, 2**31 - 2**24, 8192).astype(np.uint32)
     ties = (bits & ~np.uint32(0xFFFF)) | 0x8000
     x = np.concatenate([bits, ties | 0x80000000])
@@ -124,44 +129,25 @@ def test_bf16_pair_rounding(rng):
 
 
 def test_e2m1_pair_of_every_bf16_up_to_6(rng):
-    """``_E2M1_PAIR_PTX``: two scaled values -> their E2M1 byte (x low nibble), every bf16
-    value in [-6, 6] paired with a shuffled one, and scaled values down to float32's
-    subnormals, against the reference's thresholds."""
-    x = every_bf16_up_to_6()
-    big = x[np.abs(x) >= 1]
-
-    x = np.concatenate([x, big * np.exp2(-rng.integers(0, 150, big.size))]).astype(np.float32)
-    y = x[rng.permutation(x.size)]
-    (got,) = Lanes(numerics._E2M1_PAIR_PTX.value).run([x.view(np.uint32), y.view(np.uint32)], 1)
-    codes = [reference.e2m1_codes(torch.from_numpy(v)).numpy() for v in (x, y)]
-    assert np.array_equal(got, codes[0] | (codes[1] << 4))
+    """``_E2M1_PAIR_PTX``: two scaled values -> their E2M1 byte (x low nibble), over
+    ``cases.scaled_e2m1_pairs``, against the reference's thresholds."""
+    x, y = scaled_e2m1_pairs(torch_generator(rng))
+    want = (reference.e2m1_codes(x) | (reference.e2m1_codes(y) << 4)).numpy()
+    (got,) = Lanes(numerics._E2M1_PAIR_PTX.value).run([float_bits(x), float_bits(y)], 1)
+    assert np.array_equal(got, want)
 
 
 def test_e2m1_four_bytes_of_unscaled_keys(rng):
     """``_E2M1_X4_PTX``: four pairs of bf16 keys and their groups' 2**e (as bits) -> four
-    E2M1 bytes of x / 2**e, y / 2**e: every bf16 value v in [-6, 6] and a shuffled partner
-    times 2**e for random e in -126..126, each value below 4 at both extremes too, against
-    the reference's thresholds."""
-
-    v = every_bf16_up_to_6()
-    e = rng.integers(-126, 127, v.size)
-    below_4 = v[np.abs(v) < 4]
-    v = np.concatenate([v, below_4, below_4])
-    e = np.concatenate([e, np.full(below_4.size, -126), np.full(below_4.size, 126)])
-    scale = np.exp2(e.astype(np.float64))
-    as_keys = [torch.from_numpy(a * scale).to(torch.bfloat16).float().numpy()
-               for a in (v, v[rng.permutation(v.size)])]
-    keep = np.isfinite(as_keys[0]) & np.isfinite(as_keys[1])
-    n = keep.sum() // 4 * 4
-    x, y = (a[keep][:n] for a in as_keys)
-    e, scale = e[keep][:n], scale[keep][:n]
-    scale_bits = np.exp2(e.astype(np.float32)).view(np.uint32)
-    columns = [a.view(np.uint32).reshape(-1, 4) for a in (x, y)] + [scale_bits.reshape(-1, 4)]
+    E2M1 bytes of x / 2**e, y / 2**e, over ``cases.unscaled_e2m1_keys``, against the
+    reference's thresholds."""
+    x, y, e, want = unscaled_e2m1_keys(torch_generator(rng))
+    n = x.numel() // 4 * 4
+    scale = torch.exp2(e[:n].float())
+    columns = [float_bits(a[:n]).reshape(-1, 4) for a in (x, y, scale)]
     (got,) = Lanes(numerics._E2M1_X4_PTX.value).run(
         [column[:, i] for column in columns for i in range(4)], 1)
-    codes = [reference.e2m1_codes(torch.from_numpy((a / scale).astype(np.float32))).numpy()
-             for a in (x, y)]
-    want = (codes[0] | (codes[1] << 4)).reshape(-1, 4)
+    want = want[:n].numpy().reshape(-1, 4)
     for i in range(4):
         assert np.array_equal(byte(got, i), want[:, i])
 
