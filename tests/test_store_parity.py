@@ -252,8 +252,10 @@ def test_an_aiter_order_read_by_blocks(backend):
     cu = torch.tensor([0, 70, 120], device=DEVICE)
     got = ik.gather_indexer_k_by_blocks(cache, table, cu, True, shuffle=True, backend=backend,
                                         **order)
-    slots = torch.cat([table[0, torch.arange(70) // BLOCK] * BLOCK + torch.arange(70) % BLOCK,
-                       table[1, torch.arange(50) // BLOCK] * BLOCK + torch.arange(50) % BLOCK])
+    # The expected slots are built on the host: CPU indices cannot index a GPU table.
+    rows = table.cpu()
+    slots = torch.cat([rows[0, torch.arange(70) // BLOCK] * BLOCK + torch.arange(70) % BLOCK,
+                       rows[1, torch.arange(50) // BLOCK] * BLOCK + torch.arange(50) % BLOCK])
     want = ik.gather_indexer_k(cache, slots.to(DEVICE), True, shuffle=True, backend="reference",
                                **order)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
