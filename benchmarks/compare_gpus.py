@@ -8,6 +8,7 @@ The last column, the second GPU's time over the first's, says which each case is
 
     python benchmarks/compare_gpus.py                 # h100.json, then h200.json
     python benchmarks/compare_gpus.py --ops logits    # the scorer alone
+    python benchmarks/compare_gpus.py --plot benchmarks/results/h100-vs-h200.png
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 SHAPE_FIELDS = ("format", "q_format", "compress_ratio", "tokens", "batch", "context", "next_n",
@@ -39,14 +41,10 @@ def _shape_text(shape: tuple) -> str:
                     if value is not None)
 
 
-def compare(first: str, second: str, ops: list[str] | None = None) -> str:
+def _pairs(first: str, second: str, ops: list[str] | None):
+    """(op, impl, shape, first us, second us, copy ratio) of every case both GPUs timed."""
     first_result, first_cases = _records(first)
     second_result, second_cases = _records(second)
-    lines = [f"{first}: {first_result['gpu']}, copy {first_result['copy_GBps']:.0f} GB/s;  "
-             f"{second}: {second_result['gpu']}, copy {second_result['copy_GBps']:.0f} GB/s  "
-             f"(store's run; the scorer's and top-k's records carry their own)",
-             f"{'op':<10} {'impl':<18} {first + ' us':>9} {second + ' us':>9} "
-             f"{'copy ratio':>10} {'time ratio':>10}  case"]
     for key, (first_us, first_copy) in first_cases.items():
         op, impl, shape = key
         if (ops and op not in ops) or key not in second_cases:
@@ -54,9 +52,55 @@ def compare(first: str, second: str, ops: list[str] | None = None) -> str:
         second_us, second_copy = second_cases[key]
         copy_ratio = ((first_copy or first_result["copy_GBps"])
                       / (second_copy or second_result["copy_GBps"]))
+        yield op, impl, shape, first_us, second_us, copy_ratio
+
+
+def compare(first: str, second: str, ops: list[str] | None = None) -> str:
+    first_result, _ = _records(first)
+    second_result, _ = _records(second)
+    lines = [f"{first}: {first_result['gpu']}, copy {first_result['copy_GBps']:.0f} GB/s;  "
+             f"{second}: {second_result['gpu']}, copy {second_result['copy_GBps']:.0f} GB/s  "
+             f"(store's run; the scorer's and top-k's records carry their own)",
+             f"{'op':<10} {'impl':<18} {first + ' us':>9} {second + ' us':>9} "
+             f"{'copy ratio':>10} {'time ratio':>10}  case"]
+    for op, impl, shape, first_us, second_us, copy_ratio in _pairs(first, second, ops):
         lines.append(f"{op:<10} {impl:<18} {first_us:9.2f} {second_us:9.2f} {copy_ratio:10.2f} "
                      f"{second_us / first_us:10.2f}  {_shape_text(shape)}")
     return "\n".join(lines)
+
+
+def plot(first: str, second: str, path: str) -> bool:
+    """The library's cases, the second GPU's time over the first's against the first's time,
+    one colour an op, the copy ratio drawn across: a PNG at ``path``. A ratio above 1.2
+    is drawn on the top edge with its value."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "src"))
+    from indexer_kcache.bench.timing import pyplot, save_plot
+
+    plt = pyplot()
+    if plt is None:
+        return False
+    pairs = [p for p in _pairs(first, second, None) if p[1] == "indexer_kcache"]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    top = 1.2  # cases above it (records of two revisions) are drawn on the edge, as triangles
+    for op in dict.fromkeys(p[0] for p in pairs):
+        mine = [p for p in pairs if p[0] == op]
+        ratios = [p[4] / p[3] for p in mine]
+        dots = ax.scatter([p[3] for p in mine], [min(r, top) for r in ratios], label=op, s=18)
+        over = [(p[3], r) for p, r in zip(mine, ratios, strict=True) if r > top]
+        for time_us, ratio in over:
+            ax.scatter([time_us], [top], marker="^", s=40, color=dots.get_facecolor()[0])
+            ax.annotate(f"{ratio:.2f}", (time_us, top), textcoords="offset points",
+                        xytext=(6, -10), fontsize=8)
+    ax.set_ylim(0.3, top + 0.03)  # room below the cases for the legend
+    copy_ratio = sorted(p[5] for p in pairs)[len(pairs) // 2]
+    ax.axhline(copy_ratio, color="grey", linestyle="--", linewidth=1,
+               label=f"bound by memory ({copy_ratio:.2f}: copy {first} / copy {second})")
+    ax.axhline(1.0, color="black", linewidth=1, label="bound by instructions or latency (1.0)")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{first} time, us (CUDA graph)")
+    ax.set_ylabel(f"{second} time / {first} time")
+    ax.set_title(f"Each case of the bench, {second} against {first}")
+    return save_plot(fig, ax, path, grid="both", legend_size=8, legend_loc="lower left")
 
 
 def main() -> None:
@@ -64,8 +108,11 @@ def main() -> None:
     parser.add_argument("--first", default="h100", help="results prefix of the first GPU")
     parser.add_argument("--second", default="h200", help="results prefix of the second GPU")
     parser.add_argument("--ops", nargs="*", help="only these ops (store, gather, logits, topk, ...)")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the library's cases to this file")
     args = parser.parse_args()
     print(compare(args.first, args.second, args.ops))
+    if args.plot and not plot(args.first, args.second, args.plot):
+        print("no plot: matplotlib is not installed")
 
 
 if __name__ == "__main__":

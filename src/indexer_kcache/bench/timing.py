@@ -146,9 +146,10 @@ def pyplot():
     return plt
 
 
-def save_plot(fig, ax, path: str, *, grid: str = "y", legend_size: int | None = None) -> bool:
+def save_plot(fig, ax, path: str, *, grid: str = "y", legend_size: int | None = None,
+              legend_loc: str = "best") -> bool:
     """The bench plots' common finish: legend, grid, layout, a PNG at ``path``."""
-    ax.legend(fontsize=legend_size)
+    ax.legend(fontsize=legend_size, loc=legend_loc)
     if grid == "both":
         ax.grid(True, which="both", alpha=0.3)
     else:
