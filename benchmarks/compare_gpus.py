@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 SHAPE_FIELDS = ("format", "q_format", "compress_ratio", "tokens", "batch", "context", "next_n",
@@ -41,10 +40,10 @@ def _shape_text(shape: tuple) -> str:
                     if value is not None)
 
 
-def _pairs(first: str, second: str, ops: list[str] | None):
-    """(op, impl, shape, first us, second us, copy ratio) of every case both GPUs timed."""
-    first_result, first_cases = _records(first)
-    second_result, second_cases = _records(second)
+def _pairs(first: tuple[dict, dict], second: tuple[dict, dict], ops: list[str] | None):
+    """(op, impl, shape, first us, second us, copy ratio) of every case both GPUs timed,
+    from two ``_records`` results."""
+    (first_result, first_cases), (second_result, second_cases) = first, second
     for key, (first_us, first_copy) in first_cases.items():
         op, impl, shape = key
         if (ops and op not in ops) or key not in second_cases:
@@ -56,14 +55,15 @@ def _pairs(first: str, second: str, ops: list[str] | None):
 
 
 def compare(first: str, second: str, ops: list[str] | None = None) -> str:
-    first_result, _ = _records(first)
-    second_result, _ = _records(second)
+    first_records, second_records = _records(first), _records(second)
+    first_result, second_result = first_records[0], second_records[0]
     lines = [f"{first}: {first_result['gpu']}, copy {first_result['copy_GBps']:.0f} GB/s;  "
              f"{second}: {second_result['gpu']}, copy {second_result['copy_GBps']:.0f} GB/s  "
              f"(store's run; the scorer's and top-k's records carry their own)",
              f"{'op':<10} {'impl':<18} {first + ' us':>9} {second + ' us':>9} "
              f"{'copy ratio':>10} {'time ratio':>10}  case"]
-    for op, impl, shape, first_us, second_us, copy_ratio in _pairs(first, second, ops):
+    for op, impl, shape, first_us, second_us, copy_ratio in _pairs(first_records,
+                                                                   second_records, ops):
         lines.append(f"{op:<10} {impl:<18} {first_us:9.2f} {second_us:9.2f} {copy_ratio:10.2f} "
                      f"{second_us / first_us:10.2f}  {_shape_text(shape)}")
     return "\n".join(lines)
@@ -73,13 +73,13 @@ def plot(first: str, second: str, path: str) -> bool:
     """The library's cases, the second GPU's time over the first's against the first's time,
     one colour an op, the copy ratio drawn across: a PNG at ``path``. A ratio above 1.2
     is drawn on the top edge with its value."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "src"))
     from indexer_kcache.bench.timing import pyplot, save_plot
 
     plt = pyplot()
     if plt is None:
         return False
-    pairs = [p for p in _pairs(first, second, None) if p[1] == "indexer_kcache"]
+    pairs = [p for p in _pairs(_records(first), _records(second), None)
+             if p[1] == "indexer_kcache"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
     top = 1.2  # cases above it (records of two revisions) are drawn on the edge, as triangles
     for op in dict.fromkeys(p[0] for p in pairs):

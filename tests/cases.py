@@ -40,6 +40,14 @@ class StoreCase:
                 self.slots, self.compress_ratio, self.use_fp4_cache)
 
 
+def slots_by_blocks(block_table: torch.Tensor, lengths: list[int], block_size: int) -> torch.Tensor:
+    """The slots of sequence ``b``'s first ``lengths[b]`` tokens through ``block_table``, on the
+    host, in sequence order: the readers' by-blocks rows, written apart from the library."""
+    table = block_table.cpu().long()
+    return torch.cat([table[b, torch.arange(n) // block_size] * block_size
+                      + torch.arange(n) % block_size for b, n in enumerate(lengths)])
+
+
 def pages(cache: torch.Tensor) -> torch.Tensor:
     """All bytes of a cache made by ``StoreCase.new_cache``: [num_blocks, page_bytes]."""
     return cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import indexer_kcache as ik
 from indexer_kcache import launcher, layout, reference
 
-from .cases import DEVICE, make_case, pages
+from .cases import DEVICE, make_case, pages, slots_by_blocks
 from .test_store import FORMAT_LAYOUTS, FORMATS, LAYOUTS
 
 BACKENDS = ["reference", "triton"]
@@ -107,8 +107,7 @@ def test_gather_by_blocks_follows_the_block_table(fmt, layout_name, backend, ind
     cu = torch.tensor([0] + lengths).cumsum(0).to(index_dtype)
     got = ik.gather_indexer_k_by_blocks(cache, table.to(DEVICE), cu.to(DEVICE),
                                         case.use_fp4_cache, backend=backend, **options)
-    slots = torch.cat([table[b, torch.arange(n) // block_size].long() * block_size
-                       + torch.arange(n) % block_size for b, n in enumerate(lengths)])
+    slots = slots_by_blocks(table, lengths, block_size)
     want = ik.gather_indexer_k(cache, slots.to(DEVICE), case.use_fp4_cache, backend="reference",
                                **options)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -21,7 +21,7 @@ import indexer_kcache as ik
 from indexer_kcache import layout, reference
 
 from . import oracle
-from .cases import DEVICE, SENTINEL, make_case, pages
+from .cases import DEVICE, SENTINEL, make_case, pages, slots_by_blocks
 from .test_store import FORMAT_LAYOUTS, FORMATS, LAYOUTS, assert_same_bytes, oracle_pages, run_store
 
 INTERPRETED = ik.kernels.INTERPRETED
@@ -252,10 +252,7 @@ def test_an_aiter_order_read_by_blocks(backend):
     cu = torch.tensor([0, 70, 120], device=DEVICE)
     got = ik.gather_indexer_k_by_blocks(cache, table, cu, True, shuffle=True, backend=backend,
                                         **order)
-    # The expected slots are built on the host: CPU indices cannot index a GPU table.
-    rows = table.cpu()
-    slots = torch.cat([rows[0, torch.arange(70) // BLOCK] * BLOCK + torch.arange(70) % BLOCK,
-                       rows[1, torch.arange(50) // BLOCK] * BLOCK + torch.arange(50) % BLOCK])
+    slots = slots_by_blocks(table, [70, 50], BLOCK)
     want = ik.gather_indexer_k(cache, slots.to(DEVICE), True, shuffle=True, backend="reference",
                                **order)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
